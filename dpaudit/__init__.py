@@ -1,0 +1,14 @@
+"""dpaudit: audit memorization and membership leakage in language models.
+
+Three jobs share one pipeline: auditing a released model, validating that a DP-SGD
+implementation earns its claimed epsilon, and producing compliance plots.
+"""
+
+from importlib.metadata import PackageNotFoundError, version
+
+try:
+    __version__ = version("dpaudit")
+except PackageNotFoundError:  # running from a source tree that was never installed
+    __version__ = "0.0.0+unknown"
+
+__all__ = ["__version__"]

@@ -1,0 +1,94 @@
+"""Audit statistics for membership attacks and DP-SGD, in NumPy and SciPy only.
+
+Convention: a *higher* score means "member".
+
+Metrics (:mod:`~dpaudit.audit.metrics`): ROC curve, AUC, TPR at FPR (with an explicit
+"not enough non-members" result), balanced accuracy, seeded bootstrap intervals.
+
+Bounds (:mod:`~dpaudit.audit.bounds`), pure functions of counts, keyword-only:
+
+* :func:`epsilon_clopper_pearson` -- Jagielski et al. 2020 (many training runs)
+* :func:`epsilon_one_run` -- Steinke, Nasr, Jagielski 2023 (one run)
+* :func:`epsilon_one_run_fdp` -- Mahloujifar, Melis, Chaudhuri 2025 (one run, f-DP)
+* :func:`epsilon_from_gdp` -- Nasr et al. 2023 with Dong, Roth, Su 2019 (Gaussian DP)
+
+:class:`CanaryScores` holds in/out canary scores and gives every metric and bound, the
+threshold or guess counts chosen by an explicit strategy (:class:`SplitStrategy`, or
+:class:`BonferroniStrategy`, the default). :func:`ceiling_table` says the largest bound
+each method can give with m canaries.
+"""
+
+from dpaudit.audit.bounds import (
+    clopper_pearson_upper,
+    epsilon_clopper_pearson,
+    epsilon_from_gdp,
+    epsilon_one_run,
+    epsilon_one_run_fdp,
+    fdp_one_run_rejects,
+    gdp_delta,
+    gdp_epsilon,
+    gdp_mu_lower_bound,
+    mu_one_run_fdp,
+    one_run_p_value,
+)
+from dpaudit.audit.canary_scores import AuditReport, BoundResult, CanaryScores
+from dpaudit.audit.ceilings import CeilingRow, ceiling_table, format_ceiling_table
+from dpaudit.audit.metrics import (
+    ConfidenceInterval,
+    RocCurve,
+    TprAtFpr,
+    auc,
+    balanced_accuracy,
+    bootstrap_ci,
+    required_nonmembers,
+    roc_curve,
+    tpr_at_fpr,
+)
+from dpaudit.audit.strategy import (
+    DEFAULT_FPR_GRID,
+    DEFAULT_GUESS_FRACTIONS,
+    DEFAULT_STRATEGY,
+    BonferroniStrategy,
+    SplitStrategy,
+    Strategy,
+)
+
+__all__ = [
+    # bounds
+    "epsilon_clopper_pearson",
+    "epsilon_one_run",
+    "epsilon_one_run_fdp",
+    "epsilon_from_gdp",
+    "clopper_pearson_upper",
+    "one_run_p_value",
+    "fdp_one_run_rejects",
+    "mu_one_run_fdp",
+    "gdp_delta",
+    "gdp_epsilon",
+    "gdp_mu_lower_bound",
+    # metrics
+    "roc_curve",
+    "auc",
+    "tpr_at_fpr",
+    "balanced_accuracy",
+    "bootstrap_ci",
+    "required_nonmembers",
+    "RocCurve",
+    "TprAtFpr",
+    "ConfidenceInterval",
+    # object and results
+    "CanaryScores",
+    "BoundResult",
+    "AuditReport",
+    # strategies
+    "Strategy",
+    "SplitStrategy",
+    "BonferroniStrategy",
+    "DEFAULT_STRATEGY",
+    "DEFAULT_GUESS_FRACTIONS",
+    "DEFAULT_FPR_GRID",
+    # ceilings
+    "ceiling_table",
+    "format_ceiling_table",
+    "CeilingRow",
+]

@@ -1,0 +1,599 @@
+"""One object that holds in-canary and out-canary scores and offers every metric and bound.
+
+    >>> from dpaudit.audit import CanaryScores
+    >>> scores = CanaryScores(in_scores=[3.1, 2.2, 0.4], out_scores=[0.1, -1.0, 0.3])
+    >>> round(scores.auc(), 3)
+    1.0
+
+Scores: a *higher* score means "member" (checked: 1-D, finite, non-empty; a warning is
+issued when the scores look reversed, i.e. the AUC is significantly below 1/2).
+
+Two kinds of bound, two kinds of data (the caller knows which one they have):
+
+* Threshold bounds -- :meth:`CanaryScores.epsilon_clopper_pearson` (Jagielski et al.
+  2020) and :meth:`CanaryScores.epsilon_gdp` (Nasr et al. 2023) -- treat every score as
+  the outcome of an independent training run (many runs, or one run whose canaries'
+  scores are independent given the threshold).
+* One-run bounds -- :meth:`CanaryScores.epsilon_one_run` (Steinke et al. 2023) and
+  :meth:`CanaryScores.epsilon_one_run_fdp` (Mahloujifar et al. 2025) -- treat all
+  m = n_in + n_out canaries as inserted into one run, each independently with
+  probability 1/2. The guesses are the k+ highest scores ("in") and the k- lowest
+  ("out"); ties are broken by seeded random keys, never by which array a score came from.
+
+How the threshold or (k+, k-) is chosen is an explicit :mod:`~dpaudit.audit.strategy`
+(default: :class:`~dpaudit.audit.strategy.BonferroniStrategy` over a small grid); the
+uncorrected maximum over thresholds is never reported.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from dpaudit.audit import bounds as _b
+from dpaudit.audit import metrics as _m
+from dpaudit.audit._validation import as_fpr, as_scores
+from dpaudit.audit.strategy import (
+    DEFAULT_FPR_GRID,
+    DEFAULT_GUESS_FRACTIONS,
+    DEFAULT_SPLIT_FPR_GRID,
+    DEFAULT_SPLIT_GUESS_FRACTIONS,
+    DEFAULT_STRATEGY,
+    BonferroniStrategy,
+    SplitStrategy,
+    Strategy,
+    fpr_level_count,
+    one_run_guess_counts,
+)
+from dpaudit.errors import InputError
+
+__all__ = ["CanaryScores", "BoundResult", "AuditReport", "METHODS", "DEFAULT_FPRS"]
+
+#: FPR levels reported by :meth:`CanaryScores.audit`.
+DEFAULT_FPRS: tuple[float, ...] = (0.1, 0.01, 0.001)
+
+#: method name -> (paper, family)
+METHODS: dict[str, tuple[str, str]] = {
+    "clopper_pearson": ("Jagielski et al. 2020", "threshold"),
+    "gdp": ("Nasr et al. 2023", "threshold"),
+    "one_run": ("Steinke et al. 2023", "one_run"),
+    "one_run_fdp": ("Mahloujifar et al. 2025", "one_run"),
+}
+
+
+def _py(x):
+    """JSON-ready Python scalars / containers (numpy types and inf become plain / null)."""
+    if isinstance(x, dict):
+        return {str(k): _py(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_py(v) for v in x]
+    if isinstance(x, np.generic):
+        x = x.item()
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
+
+
+@dataclass(frozen=True)
+class BoundResult:
+    """An epsilon lower bound with everything needed to read (and reproduce) it.
+
+    ``num_canaries`` is the m the bound was evaluated on (the evaluating part for a
+    split). ``num_guesses`` / ``num_correct`` are set for one-run bounds;
+    ``details`` holds k+ / k-, or the threshold and confusion counts, mu where it
+    applies, the per-test significance and the candidates tried.
+    """
+
+    method: str
+    epsilon: float
+    delta: float
+    significance: float
+    num_canaries: int
+    num_guesses: int | None
+    num_correct: int | None
+    strategy: dict
+    details: dict = field(default_factory=dict)
+
+    @property
+    def confidence(self) -> float:
+        return 1.0 - self.significance
+
+    def summary(self) -> str:
+        paper = METHODS.get(self.method, ("", ""))[0]
+        head = (
+            f"{self.method} ({paper}): epsilon >= {self.epsilon:.3f} at delta={self.delta:g}, "
+            f"{self.confidence:.0%} confidence"
+        )
+        d = self.details
+        if self.num_guesses is not None:
+            body = (
+                f"m={self.num_canaries}, {self.num_guesses} guesses "
+                f"(k+={d.get('k_plus')}, k-={d.get('k_minus')}), {self.num_correct} correct"
+            )
+        else:
+            thr = d.get("threshold")
+            body = (
+                f"n={self.num_canaries}, threshold "
+                f"{'-inf' if thr is None else format(thr, '.4g')}: "
+                f"TP={d.get('tp')} FP={d.get('fp')} TN={d.get('tn')} FN={d.get('fn')}"
+            )
+        if "mu" in d:
+            body += f", mu >= {d['mu']:.3f}"
+        strat = self.strategy.get("name")
+        if strat == "bonferroni":
+            body += f"; Bonferroni over {d.get('num_candidates')} candidates"
+        elif strat == "split":
+            body += f"; chosen on a {self.strategy.get('fraction'):g} split (seed {self.strategy.get('seed')})"
+        return f"{head}; {body}"
+
+    __str__ = summary
+
+    def to_dict(self) -> dict:
+        return _py(
+            {
+                "method": self.method,
+                "paper": METHODS.get(self.method, ("", ""))[0],
+                "epsilon": self.epsilon,
+                "delta": self.delta,
+                "significance": self.significance,
+                "num_canaries": self.num_canaries,
+                "num_guesses": self.num_guesses,
+                "num_correct": self.num_correct,
+                "strategy": self.strategy,
+                "details": self.details,
+            }
+        )
+
+
+@dataclass(frozen=True)
+class AuditReport:
+    """Metrics and all four bounds of one :class:`CanaryScores`, frozen."""
+
+    num_members: int
+    num_nonmembers: int
+    auc: float
+    balanced_accuracy: float
+    tpr_at_fpr: tuple[_m.TprAtFpr, ...]
+    bounds: tuple[BoundResult, ...]
+    delta: float
+    significance: float
+    seed: int
+
+    def bound(self, method: str) -> BoundResult:
+        for b in self.bounds:
+            if b.method == method:
+                return b
+        raise KeyError(method)
+
+    def summary(self) -> str:
+        lines = [
+            f"canaries: {self.num_members} members, {self.num_nonmembers} non-members "
+            "(scores: higher = member)",
+            f"AUC: {self.auc:.4f}   best balanced accuracy: {self.balanced_accuracy:.4f}",
+        ]
+        lines += [f"  {t.summary()}" for t in self.tpr_at_fpr]
+        lines.append(f"epsilon lower bounds at delta={self.delta:g}, {1 - self.significance:.0%} confidence:")
+        lines += [f"  {b.summary()}" for b in self.bounds]
+        return "\n".join(lines)
+
+    __str__ = summary
+
+    def to_dict(self) -> dict:
+        return _py(
+            {
+                "num_members": self.num_members,
+                "num_nonmembers": self.num_nonmembers,
+                "score_convention": "higher = member",
+                "auc": self.auc,
+                "balanced_accuracy": self.balanced_accuracy,
+                "tpr_at_fpr": [t.to_dict() for t in self.tpr_at_fpr],
+                "bounds": [b.to_dict() for b in self.bounds],
+                "delta": self.delta,
+                "significance": self.significance,
+                "seed": self.seed,
+            }
+        )
+
+    def to_dataframe(self):
+        """The bounds as a pandas DataFrame (pandas is imported only here)."""
+        import pandas as pd  # lazy: dpaudit.audit itself needs only NumPy and SciPy
+
+        rows = []
+        for b in self.bounds:
+            rows.append(
+                {
+                    "method": b.method,
+                    "epsilon": b.epsilon,
+                    "mu": b.details.get("mu"),
+                    "delta": b.delta,
+                    "significance": b.significance,
+                    "num_canaries": b.num_canaries,
+                    "num_guesses": b.num_guesses,
+                    "num_correct": b.num_correct,
+                    "strategy": b.strategy.get("name"),
+                }
+            )
+        return pd.DataFrame(rows)
+
+
+# ---------------------------------------------------------------------------- object
+class CanaryScores:
+    """In-canary and out-canary attack scores, with every metric and bound as a method.
+
+    Args:
+      in_scores: scores of canaries that were in the training set (members).
+      out_scores: scores of canaries that were not (non-members).
+      seed: seeds the random keys that break ties among equal scores when ranking
+        canaries for one-run guesses (``numpy.random.default_rng(seed)``).
+
+    Higher score = member. Arrays must be 1-D, finite and non-empty.
+    """
+
+    def __init__(self, *, in_scores, out_scores, seed: int = 0):
+        self._in = as_scores("in_scores", in_scores)
+        self._out = as_scores("out_scores", out_scores)
+        if isinstance(seed, bool) or not isinstance(seed, int | np.integer):
+            raise InputError(f"seed must be an int, got {seed!r}")
+        self._seed = int(seed)
+        self._roc_cache: _m.RocCurve | None = None
+        self._warn_if_reversed()
+
+    @classmethod
+    def from_labels(cls, *, scores, is_member, seed: int = 0) -> CanaryScores:
+        """Build from one score array and a boolean membership array of the same length."""
+        s = as_scores("scores", scores)
+        labels = np.asarray(is_member)
+        if labels.shape != s.shape:
+            raise InputError(f"is_member must have the shape of scores {s.shape}, got {labels.shape}")
+        if labels.dtype != bool:
+            if not np.isin(labels, (0, 1)).all():
+                raise InputError("is_member must be boolean (or 0/1)")
+            labels = labels.astype(bool)
+        if labels.all() or not labels.any():
+            raise InputError("need at least one member and one non-member")
+        return cls(in_scores=s[labels], out_scores=s[~labels], seed=seed)
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def in_scores(self) -> np.ndarray:
+        return self._in
+
+    @property
+    def out_scores(self) -> np.ndarray:
+        return self._out
+
+    @property
+    def num_members(self) -> int:
+        return int(self._in.size)
+
+    @property
+    def num_nonmembers(self) -> int:
+        return int(self._out.size)
+
+    @property
+    def num_canaries(self) -> int:
+        return self.num_members + self.num_nonmembers
+
+    @property
+    def seed(self) -> int:
+        return self._seed
+
+    def __repr__(self) -> str:
+        return f"CanaryScores(num_members={self.num_members}, num_nonmembers={self.num_nonmembers}, seed={self._seed})"
+
+    def _warn_if_reversed(self) -> None:
+        n1, n0 = self.num_members, self.num_nonmembers
+        if n1 < 5 or n0 < 5:
+            return
+        z = (self.auc() - 0.5) / math.sqrt((n1 + n0 + 1) / (12.0 * n1 * n0))
+        if z < -3.29:  # one-sided p < 0.0005
+            warnings.warn(
+                f"AUC is {self.auc():.3f}, well below 0.5: dpaudit expects higher scores for members; "
+                "were the scores negated (e.g. a loss instead of a log-likelihood)?",
+                stacklevel=3,
+            )
+
+    # --------------------------------------------------------------------- metrics
+    def roc(self) -> _m.RocCurve:
+        """ROC curve of "member iff score >= t" (see :func:`dpaudit.audit.metrics.roc_curve`)."""
+        if self._roc_cache is None:
+            self._roc_cache = _m._roc(self._in, self._out)
+        return self._roc_cache
+
+    def auc(self) -> float:
+        return _m._auc(self._in, self._out)
+
+    def tpr_at_fpr(self, fpr: float) -> _m.TprAtFpr:
+        """Largest TPR with FPR <= fpr, or "not enough non-members" (value None)."""
+        return _m._tpr_at_fpr(self.roc(), as_fpr(fpr))
+
+    def balanced_accuracy(self) -> float:
+        return _m._balanced_accuracy(self.roc())
+
+    def bootstrap_ci(
+        self,
+        metric: str | Callable = "auc",
+        *,
+        fpr: float | None = None,
+        num_samples: int = 1000,
+        confidence: float = 0.95,
+        seed: int | None = 0,
+    ) -> _m.ConfidenceInterval:
+        """Seeded percentile-bootstrap CI; see :func:`dpaudit.audit.metrics.bootstrap_ci`."""
+        return _m.bootstrap_ci(
+            in_scores=self._in,
+            out_scores=self._out,
+            metric=metric,
+            fpr=fpr,
+            num_samples=num_samples,
+            confidence=confidence,
+            seed=seed,
+        )
+
+    # ---------------------------------------------------------------------- bounds
+    def epsilon_clopper_pearson(
+        self, *, delta: float, significance: float = 0.05, strategy: Strategy | None = None
+    ) -> BoundResult:
+        """Clopper-Pearson epsilon bound (Jagielski et al. 2020) at a strategy-chosen threshold."""
+        return self._threshold_bound("clopper_pearson", delta, significance, strategy)
+
+    def epsilon_gdp(self, *, delta: float, significance: float = 0.05, strategy: Strategy | None = None) -> BoundResult:
+        """Gaussian-DP epsilon bound (Nasr et al. 2023; Dong, Roth, Su 2019) at a chosen threshold."""
+        return self._threshold_bound("gdp", delta, significance, strategy)
+
+    def epsilon_one_run(
+        self, *, delta: float, significance: float = 0.05, strategy: Strategy | None = None
+    ) -> BoundResult:
+        """One-run epsilon bound (Steinke, Nasr, Jagielski 2023) with strategy-chosen k+, k-."""
+        return self._one_run_bound("one_run", delta, significance, strategy)
+
+    def epsilon_one_run_fdp(
+        self, *, delta: float, significance: float = 0.05, strategy: Strategy | None = None
+    ) -> BoundResult:
+        """One-run f-DP bound (Mahloujifar, Melis, Chaudhuri 2025) with strategy-chosen k+, k-."""
+        return self._one_run_bound("one_run_fdp", delta, significance, strategy)
+
+    def bound(self, method: str, *, delta: float, significance: float = 0.05, strategy: Strategy | None = None):
+        """Any bound by name: "clopper_pearson", "gdp", "one_run" or "one_run_fdp"."""
+        if method not in METHODS:
+            raise InputError(f"unknown method {method!r}; use one of {sorted(METHODS)}")
+        if METHODS[method][1] == "threshold":
+            return self._threshold_bound(method, delta, significance, strategy)
+        return self._one_run_bound(method, delta, significance, strategy)
+
+    def audit(
+        self,
+        *,
+        delta: float = 1e-5,
+        significance: float = 0.05,
+        strategy: Strategy | None = None,
+        fprs: Sequence[float] = DEFAULT_FPRS,
+    ) -> AuditReport:
+        """All metrics and all four bounds, as one frozen :class:`AuditReport`."""
+        return AuditReport(
+            num_members=self.num_members,
+            num_nonmembers=self.num_nonmembers,
+            auc=self.auc(),
+            balanced_accuracy=self.balanced_accuracy(),
+            tpr_at_fpr=tuple(self.tpr_at_fpr(a) for a in fprs),
+            bounds=tuple(
+                self.bound(name, delta=delta, significance=significance, strategy=strategy) for name in METHODS
+            ),
+            delta=float(delta),
+            significance=float(significance),
+            seed=self._seed,
+        )
+
+    def summary(self, **kwargs) -> str:
+        """Text summary of :meth:`audit` (same keyword arguments; delta defaults to 1e-5)."""
+        return self.audit(**kwargs).summary()
+
+    def to_dict(self, **kwargs) -> dict:
+        """JSON-ready view of :meth:`audit` (same keyword arguments)."""
+        return self.audit(**kwargs).to_dict()
+
+    # ------------------------------------------------------------ one-run machinery
+    def _pooled(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        scores = np.concatenate([self._in, self._out])
+        member = np.r_[np.ones(self.num_members, bool), np.zeros(self.num_nonmembers, bool)]
+        keys = np.random.default_rng(np.random.SeedSequence(self._seed)).random(scores.size)
+        return scores, member, keys
+
+    def _one_run_bound(self, method, delta, significance, strategy) -> BoundResult:
+        delta = _b._check_delta(delta)
+        significance = _b._check_significance(significance)
+        strategy = DEFAULT_STRATEGY if strategy is None else strategy
+
+        def fn(m, r, v, sig):
+            return _one_run_eval(method, m, r, v, delta, sig)
+
+        scores, member, keys = self._pooled()
+        if isinstance(strategy, BonferroniStrategy):
+            grid = strategy.grid or DEFAULT_GUESS_FRACTIONS
+            ranked = _Ranked(scores, member, keys)
+            pairs = _distinct_pairs(grid, ranked.m)
+            per_test = significance / len(pairs)
+            tried = []
+            for kp, km in pairs:
+                v = ranked.correct(kp, km)
+                eps, mu = fn(ranked.m, kp + km, v, per_test)
+                tried.append({"k_plus": kp, "k_minus": km, "num_correct": v, "epsilon": eps, "mu": mu})
+            best = max(tried, key=lambda t: (t["epsilon"], t["num_correct"] / (t["k_plus"] + t["k_minus"])))
+            details = {
+                "k_plus": best["k_plus"],
+                "k_minus": best["k_minus"],
+                "num_candidates": len(pairs),
+                "significance_per_test": per_test,
+                "candidates": tried,
+            }
+            m, r, v = ranked.m, best["k_plus"] + best["k_minus"], best["num_correct"]
+            eps, mu = best["epsilon"], best["mu"]
+        elif isinstance(strategy, SplitStrategy):
+            grid = strategy.grid or DEFAULT_SPLIT_GUESS_FRACTIONS
+            m_all = scores.size
+            n_sel = int(round(strategy.fraction * m_all))
+            if not 1 <= n_sel <= m_all - 1:
+                raise InputError(f"a {strategy.fraction} split of {m_all} canaries leaves a part empty")
+            perm = np.random.default_rng(strategy.seed).permutation(m_all)
+            sel, ev = perm[:n_sel], perm[n_sel:]
+            ranked_sel = _Ranked(scores[sel], member[sel], keys[sel])
+            ranked_ev = _Ranked(scores[ev], member[ev], keys[ev])
+            tried = []
+            for cand in grid:
+                kp, km = one_run_guess_counts(cand, ranked_sel.m)
+                if kp + km == 0:
+                    continue
+                vs = ranked_sel.correct(kp, km)
+                e_sel, _ = fn(ranked_sel.m, kp + km, vs, significance)
+                tried.append((e_sel, vs / (kp + km), cand))
+            if not tried:
+                raise InputError("no split candidate makes at least one guess")
+            e_sel, _, cand = max(tried, key=lambda t: (t[0], t[1]))
+            kp, km = one_run_guess_counts(cand, ranked_ev.m)
+            if kp + km == 0:
+                kp = 1
+            m, r, v = ranked_ev.m, kp + km, ranked_ev.correct(kp, km)
+            eps, mu = fn(m, r, v, significance)
+            details = {
+                "k_plus": kp,
+                "k_minus": km,
+                "chosen_candidate": list(cand) if isinstance(cand, tuple) else cand,
+                "selection_epsilon": e_sel,
+                "selection_num_canaries": ranked_sel.m,
+                "significance_per_test": significance,
+            }
+        else:
+            raise InputError(f"strategy must be a BonferroniStrategy or a SplitStrategy, got {strategy!r}")
+        details["tie_break_seed"] = self._seed
+        if method == "one_run_fdp":
+            details["mu"] = mu
+        else:
+            for t in details.get("candidates", ()):
+                t.pop("mu")
+        return BoundResult(
+            method, float(eps), delta, significance, int(m), int(r), int(v), strategy.describe(), details
+        )
+
+    # ---------------------------------------------------------- threshold machinery
+    def _threshold_bound(self, method, delta, significance, strategy) -> BoundResult:
+        delta = _b._check_delta(delta)
+        significance = _b._check_significance(significance)
+        strategy = DEFAULT_STRATEGY if strategy is None else strategy
+        if isinstance(strategy, BonferroniStrategy):
+            grid = strategy.grid or DEFAULT_FPR_GRID
+            js = sorted({fpr_level_count(a, self.num_nonmembers) for a in grid})
+            per_test = significance / len(js)
+            out_sorted = np.sort(self._out)
+            tried = [_order_stat_counts(self._in, out_sorted, j) for j in js]
+            for t in tried:
+                t["epsilon"] = _threshold_eps(method, t, delta, per_test)
+            best = max(tried, key=lambda t: t["epsilon"])
+            details = dict(best)
+            details.update(num_candidates=len(js), significance_per_test=per_test,
+                           candidates=[{k: t[k] for k in ("j", "threshold", "tp", "fn", "epsilon")} for t in tried])
+            n = self.num_canaries
+        elif isinstance(strategy, SplitStrategy):
+            grid = strategy.grid or DEFAULT_SPLIT_FPR_GRID
+            rng = np.random.default_rng(strategy.seed)
+            in_sel, in_ev = _split(rng, self._in, strategy.fraction, "in_scores")
+            out_sel, out_ev = _split(rng, self._out, strategy.fraction, "out_scores")
+            out_sel_sorted = np.sort(out_sel)
+            js = sorted({fpr_level_count(a, out_sel.size) for a in grid})
+            tried = [_order_stat_counts(in_sel, out_sel_sorted, j) for j in js]
+            for t in tried:
+                t["epsilon"] = _threshold_eps(method, t, delta, significance)
+            # Ties (often all 0 on weak signals) go to the largest TPR - FPR on the choosing part.
+            chosen = max(tried, key=lambda t: (t["epsilon"], t["tp"] / in_sel.size - t["fp"] / out_sel.size))
+            thr = chosen["threshold"]
+            thr_val = -math.inf if thr is None else thr
+            tp = int(np.sum(in_ev > thr_val))
+            fp = int(np.sum(out_ev > thr_val))
+            details = {"threshold": thr, "tp": tp, "fp": fp, "tn": int(out_ev.size - fp), "fn": int(in_ev.size - tp)}
+            details["epsilon"] = _threshold_eps(method, details, delta, significance)
+            details.update(selection_epsilon=chosen["epsilon"], selection_num_canaries=int(in_sel.size + out_sel.size),
+                           significance_per_test=significance)
+            n = int(in_ev.size + out_ev.size)
+        else:
+            raise InputError(f"strategy must be a BonferroniStrategy or a SplitStrategy, got {strategy!r}")
+        eps = details.pop("epsilon")
+        if method == "gdp":
+            d = details
+            details["mu"] = _b.gdp_mu_lower_bound(tp=d["tp"], fp=d["fp"], tn=d["tn"], fn=d["fn"],
+                                                  significance=d["significance_per_test"])
+        return BoundResult(method, float(eps), delta, significance, n, None, None, strategy.describe(), details)
+
+
+def _one_run_eval(method: str, m: int, r: int, v: int, delta: float, sig: float) -> tuple[float, float | None]:
+    """(epsilon, mu) of a one-run bound; mu only for the f-DP bound."""
+    if method == "one_run":
+        return _b.epsilon_one_run(num_canaries=m, num_guesses=r, num_correct=v, delta=delta, significance=sig), None
+    mu = _b.mu_one_run_fdp(num_canaries=m, num_guesses=r, num_correct=v, significance=sig)
+    return _b.gdp_epsilon(mu=mu, delta=delta), mu
+
+
+class _Ranked:
+    """Canaries sorted by (score, random tie key); O(1) correct-guess counts for any (k+, k-)."""
+
+    def __init__(self, scores, member, keys):
+        order = np.lexsort((keys, scores))  # ascending score; ties by the random key
+        self.m = int(scores.size)
+        self._cum_in = np.r_[0, np.cumsum(member[order])]  # members among the i lowest
+
+    def correct(self, k_plus: int, k_minus: int) -> int:
+        if k_plus + k_minus > self.m:
+            raise InputError(f"{k_plus} + {k_minus} guesses exceed m={self.m}")
+        total_in = self._cum_in[-1]
+        in_top = total_in - self._cum_in[self.m - k_plus]  # members among the k+ highest
+        out_bottom = k_minus - self._cum_in[k_minus]  # non-members among the k- lowest
+        return int(in_top + out_bottom)
+
+
+def _distinct_pairs(grid, m: int) -> list[tuple[int, int]]:
+    pairs = []
+    for cand in grid:
+        kp, km = one_run_guess_counts(cand, m)
+        if kp + km > 0 and (kp, km) not in pairs:
+            pairs.append((kp, km))
+    if not pairs:
+        raise InputError("no grid candidate makes at least one guess")
+    return pairs
+
+
+def _order_stat_counts(ins: np.ndarray, outs_sorted: np.ndarray, j: int) -> dict:
+    """Counts at the threshold letting j non-members through: t = (n-j)-th smallest out score.
+
+    "Member" iff score > t. FP is reported as the nominal j (the exact Clopper-Pearson
+    coverage argument uses the order statistic's rank; ties only lower the true FPR).
+    """
+    n_out = outs_sorted.size
+    if j >= n_out:
+        thr = -math.inf
+    else:
+        thr = float(outs_sorted[n_out - 1 - j])
+    tp = int(np.sum(ins > thr))
+    return {
+        "j": j,
+        "threshold": None if not math.isfinite(thr) else thr,
+        "tp": tp,
+        "fp": j,
+        "tn": int(n_out - j),
+        "fn": int(ins.size - tp),
+        "fp_observed": int(np.sum(outs_sorted > thr)),
+    }
+
+
+def _threshold_eps(method: str, c: dict, delta: float, significance: float) -> float:
+    fn = _b.epsilon_clopper_pearson if method == "clopper_pearson" else _b.epsilon_from_gdp
+    return fn(tp=c["tp"], fp=c["fp"], tn=c["tn"], fn=c["fn"], delta=delta, significance=significance)
+
+
+def _split(rng: np.random.Generator, arr: np.ndarray, fraction: float, name: str):
+    n_sel = int(round(fraction * arr.size))
+    if not 1 <= n_sel <= arr.size - 1:
+        raise InputError(f"a {fraction} split of {arr.size} {name} leaves a part empty; need more scores")
+    perm = rng.permutation(arr.size)
+    return arr[perm[:n_sel]], arr[perm[n_sel:]]

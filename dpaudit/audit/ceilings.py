@@ -1,0 +1,114 @@
+"""The largest epsilon each bound can report with a given number of canaries.
+
+A lower bound can never exceed what perfect evidence allows: with m canaries, even an
+attack that is right every time proves at most the "ceiling". A bound of 0.9 from a
+method whose ceiling is 3.5 says something very different from a bound of 0.9 from a
+method whose ceiling is 1.0. ``python -m dpaudit.audit`` prints the table in
+``docs/ceilings.md``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from dpaudit.audit import bounds as _b
+from dpaudit.audit.strategy import (
+    DEFAULT_FPR_GRID,
+    DEFAULT_GUESS_FRACTIONS,
+    fpr_level_count,
+    one_run_guess_counts,
+)
+
+__all__ = ["CeilingRow", "ceiling_table", "format_ceiling_table"]
+
+
+@dataclass(frozen=True)
+class CeilingRow:
+    """Ceilings for m canaries (one-run) or m trials per side (multi-run).
+
+    ``one_run`` / ``one_run_fdp``: all guesses correct at the best number of guesses
+    (``*_best_guesses``), at the full significance. ``*_default``: what the default
+    Bonferroni strategy reports on perfectly separated scores (every candidate of
+    :data:`DEFAULT_GUESS_FRACTIONS` all correct, each at significance / G, G the number
+    of distinct candidates, 7 for m >= 100). ``clopper_pearson`` / ``gdp``: m members and
+    m non-members, zero errors, one threshold; ``*_default``: the default Bonferroni grid
+    :data:`DEFAULT_FPR_GRID` (significance / G, G = 9 or 10 distinct thresholds).
+    """
+
+    m: int
+    one_run: float
+    one_run_best_guesses: int
+    one_run_default: float
+    one_run_fdp: float
+    one_run_fdp_best_guesses: int
+    one_run_fdp_default: float
+    clopper_pearson: float
+    clopper_pearson_default: float
+    gdp: float
+    gdp_default: float
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _best_all_correct(fn, m: int, delta: float, significance: float) -> tuple[float, int]:
+    rs = np.unique(np.r_[np.round(np.geomspace(1, m, 40)).astype(int), m])
+    best = max(
+        ((fn(num_canaries=m, num_guesses=int(r), num_correct=int(r), delta=delta, significance=significance), int(r))
+         for r in rs),
+        key=lambda t: (t[0], -t[1]),
+    )
+    return best
+
+
+def ceiling_table(
+    *, ms: Sequence[int] = (100, 1000, 10000), delta: float = 1e-5, significance: float = 0.05
+) -> list[CeilingRow]:
+    """Ceilings of all four bounds for each m in ``ms`` (see :class:`CeilingRow`)."""
+    rows = []
+    for m in ms:
+        m = int(m)
+        # Number of distinct default candidates (what the default Bonferroni divides by).
+        g_one = len({one_run_guess_counts(g, m) for g in DEFAULT_GUESS_FRACTIONS})
+        g_thr = len({fpr_level_count(a, m) for a in DEFAULT_FPR_GRID})
+        one, one_r = _best_all_correct(_b.epsilon_one_run, m, delta, significance)
+        fdp, fdp_r = _best_all_correct(_b.epsilon_one_run_fdp, m, delta, significance)
+        one_d, _ = _best_all_correct(_b.epsilon_one_run, m, delta, significance / g_one)
+        fdp_d, _ = _best_all_correct(_b.epsilon_one_run_fdp, m, delta, significance / g_one)
+        perfect = dict(tp=m, fp=0, tn=m, fn=0, delta=delta)
+        rows.append(
+            CeilingRow(
+                m=m,
+                one_run=one,
+                one_run_best_guesses=one_r,
+                one_run_default=one_d,
+                one_run_fdp=fdp,
+                one_run_fdp_best_guesses=fdp_r,
+                one_run_fdp_default=fdp_d,
+                clopper_pearson=_b.epsilon_clopper_pearson(**perfect, significance=significance),
+                clopper_pearson_default=_b.epsilon_clopper_pearson(**perfect, significance=significance / g_thr),
+                gdp=_b.epsilon_from_gdp(**perfect, significance=significance),
+                gdp_default=_b.epsilon_from_gdp(**perfect, significance=significance / g_thr),
+            )
+        )
+    return rows
+
+
+def format_ceiling_table(rows: Sequence[CeilingRow]) -> str:
+    """Markdown table: best-case bound (default-strategy bound in brackets)."""
+    head = (
+        "| m | one-run (Steinke et al. 2023) | one-run f-DP (Mahloujifar et al. 2025) "
+        "| Clopper-Pearson (Jagielski et al. 2020), m runs per side | GDP (Nasr et al. 2023), m runs per side |\n"
+        "| ---: | ---: | ---: | ---: | ---: |"
+    )
+    lines = [head]
+    for r in rows:
+        lines.append(
+            f"| {r.m:,} | {r.one_run:.2f} [{r.one_run_default:.2f}] "
+            f"| {r.one_run_fdp:.2f} [{r.one_run_fdp_default:.2f}] "
+            f"| {r.clopper_pearson:.2f} [{r.clopper_pearson_default:.2f}] | {r.gdp:.2f} [{r.gdp_default:.2f}] |"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,251 @@
+"""The command line: ``dpaudit <command>``.
+
+Exit status: 0 = done (or the audit is consistent), 1 = an audit found a violation,
+2 = bad input or usage. With ``--json`` a command prints exactly one JSON object on
+stdout; progress bars, logs and warnings go to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from datetime import datetime
+from pathlib import Path
+
+from dpaudit import __version__
+from dpaudit.errors import InputError
+
+EXIT_OK, EXIT_VIOLATION, EXIT_USAGE = 0, 1, 2
+
+
+def _config_args(p: argparse.ArgumentParser, *, default: str) -> None:
+    p.add_argument("--config", default=default, metavar="FILE|PRESET",
+                   help=f"a YAML file or a preset: tiny, demo, gpu (default: {default})")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override one config value, e.g. --set train.dp.noise_multiplier=1.1 (repeatable)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dpaudit",
+        description="Audit memorization and membership leakage in language models, "
+        "and check that DP-SGD earns the epsilon it claims.",
+    )
+    parser.add_argument("--version", action="version", version=f"dpaudit {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log more to stderr")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("run", help="train a target model, attack it and write the report (the main job)")
+    _config_args(p, default="demo")
+    p.add_argument("--out", help="run directory (default: runs/<preset>-<time>)")
+    p.add_argument("--force", action="store_true", help="replace an existing run directory")
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    p.set_defaults(handler=cmd_run)
+
+    p = sub.add_parser("train", help="train a target model and write a run directory")
+    _config_args(p, default="demo")
+    p.add_argument("--out", required=True, help="run directory to create")
+    p.add_argument("--force", action="store_true", help="replace an existing run directory")
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    p.set_defaults(handler=cmd_train)
+
+    p = sub.add_parser("attack", help="run membership attacks on a trained run directory")
+    p.add_argument("run_dir", metavar="RUN_DIR")
+    p.add_argument("--attacks", help="comma-separated attack names (default: every one the inputs allow)")
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    p.set_defaults(handler=cmd_attack)
+
+    p = sub.add_parser("audit-model", help="black-box membership audit of a released model")
+    p.add_argument("model_dir", metavar="MODEL_DIR")
+    p.add_argument("--members", required=True, metavar="FILE", help="jsonl with a 'text' field, or txt, one text a line")
+    p.add_argument("--nonmembers", required=True, metavar="FILE", help="same format as --members")
+    p.add_argument("--reference-model", dest="reference_models", action="append", default=[], metavar="DIR",
+                   help="a reference model trained without the members (repeatable)")
+    p.add_argument("--out", default="audit", help="output directory (default: audit)")
+    p.add_argument("--attacks", help="comma-separated attack names (default: every one the inputs allow)")
+    p.add_argument("--batch-size", type=int, default=16, help="texts per forward pass (default: 16)")
+    p.add_argument("--max-length", type=int, default=512, help="tokens per text (default: 512)")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda (default: auto)")
+    p.add_argument("--include-texts", action="store_true", help="put member texts into the report")
+    p.add_argument("--trust-remote-code", action="store_true", help="let transformers run the model's own code")
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    p.set_defaults(handler=cmd_audit_model)
+
+    p = sub.add_parser("report", help="rebuild report.json, figures and report.html from saved results")
+    p.add_argument("run_dir", metavar="RUN_DIR")
+    p.add_argument("--include-texts", action="store_true", help="put member texts into the report")
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    p.set_defaults(handler=cmd_report)
+
+    p = sub.add_parser("accountant", help="epsilon of Poisson-sampled Gaussian DP-SGD, or the noise for a target")
+    noise = p.add_mutually_exclusive_group(required=True)
+    noise.add_argument("--noise-multiplier", type=float, metavar="S")
+    noise.add_argument("--target-epsilon", type=float, metavar="E")
+    p.add_argument("--sample-rate", type=float, required=True, metavar="Q")
+    p.add_argument("--steps", type=int, required=True, metavar="T")
+    p.add_argument("--delta", type=float, required=True, metavar="D")
+    p.add_argument("--method", choices=("pld", "rdp"), default="pld", help="accountant (default: pld)")
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    p.set_defaults(handler=cmd_accountant)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, stream=sys.stderr,
+                        format="%(levelname)s %(name)s: %(message)s")
+    logging.captureWarnings(True)
+    # the libraries' own bars (tokenizing, shard writing) are noise beside dpaudit's bars
+    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    try:
+        return args.handler(args)
+    except InputError as err:
+        print(f"dpaudit {args.command}: error: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print(f"dpaudit {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+def _emit(args: argparse.Namespace, obj: dict, text: str) -> None:
+    """One JSON object on stdout with --json, else the human summary."""
+    print(json.dumps(obj, indent=2) if args.json else text)
+
+
+# --------------------------------------------------------------------------- commands
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from dpaudit.config import load_config
+    from dpaudit.pipeline import train_run
+
+    config = load_config(args.config, overrides=args.overrides)
+    out = train_run(config, args.out, force=args.force, command=sys.argv)
+    summary = _train_summary(out)
+    _emit(args, summary, f"trained {out} ({summary['wall_seconds']:.0f} s)")
+    return EXIT_OK
+
+
+def _train_summary(out: Path) -> dict:
+    log_path = out / "train_log.jsonl"
+    lines = [json.loads(x) for x in log_path.read_text().splitlines() if x.strip()] if log_path.exists() else []
+    evals = [x for x in lines if "heldout_perplexity" in x]
+    summary = {"run_dir": str(out), "steps": lines[-1].get("step") if lines else 0,
+               "heldout_perplexity": evals[-1]["heldout_perplexity"] if evals else None}
+    summary["wall_seconds"] = lines[-1].get("elapsed_s", 0.0) if lines else 0.0
+    return summary
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from dpaudit.config import load_config
+    from dpaudit.pipeline import train_run
+
+    config = load_config(args.config, overrides=args.overrides)
+    name = Path(args.config).stem
+    out = Path(args.out or f"runs/{name}-{datetime.now():%Y%m%d-%H%M%S}")
+    train_run(config, out, force=args.force, command=sys.argv)
+    from dpaudit.evaluate import attack_run
+    from dpaudit.report import build_report
+
+    attack_run(out)
+    report = build_report(out)
+    return _finish_audit(args, out, report)
+
+
+def cmd_attack(args: argparse.Namespace) -> int:
+    from dpaudit.evaluate import attack_run
+
+    names = _attack_names(args.attacks)
+    results = attack_run(args.run_dir, attacks=names)
+    _emit(args, {"run_dir": str(args.run_dir), "attacks": results}, _attack_table(results))
+    return EXIT_OK
+
+
+def cmd_audit_model(args: argparse.Namespace) -> int:
+    from dpaudit.evaluate import audit_model
+    from dpaudit.report import build_report
+
+    if args.batch_size <= 0 or args.max_length <= 0:
+        raise InputError("--batch-size and --max-length must be positive")
+    audit_model(
+        args.model_dir,
+        members=args.members,
+        nonmembers=args.nonmembers,
+        reference_models=args.reference_models,
+        out=args.out,
+        attacks=_attack_names(args.attacks),
+        batch_size=args.batch_size,
+        max_length=args.max_length,
+        device=args.device,
+        trust_remote_code=args.trust_remote_code,
+    )
+    report = build_report(args.out, include_texts=args.include_texts)
+    return _finish_audit(args, Path(args.out), report)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from dpaudit.report import build_report
+
+    if not Path(args.run_dir, "results").is_dir():
+        raise InputError(f"{args.run_dir} has no results/ (run `dpaudit attack {args.run_dir}` first)")
+    report = build_report(args.run_dir, include_texts=args.include_texts)
+    return _finish_audit(args, Path(args.run_dir), report)
+
+
+def _finish_audit(args: argparse.Namespace, out: Path, report: dict) -> int:
+    verdict = report.get("verdict")
+    lines = [_attack_table(report.get("attacks", {}))]
+    if report.get("canary_attacks"):
+        lines += ["", "canaries:", _attack_table(report["canary_attacks"])]
+    best = (report.get("empirical_epsilon") or {}).get("best")
+    if best:
+        lines.append(f"\nempirical epsilon lower bound: {best['epsilon']:.3f} ({best['attack']}, {best['method']})")
+    if verdict:
+        lines.append(f"verdict: {verdict}")
+    lines.append(f"report: {out / 'report.html'}")
+    _emit(args, report, "\n".join(lines))
+    return EXIT_VIOLATION if verdict == "violated" else EXIT_OK
+
+
+def _attack_names(text: str | None) -> list[str] | None:
+    if not text:
+        return None
+    return [name.strip() for name in text.split(",") if name.strip()]
+
+
+def _attack_table(results: dict) -> str:
+    def fmt(value):
+        return "  n/a " if value is None else f"{value:6.3f}"
+
+    rows = [f"{'attack':<14}{'AUC':>7}{'TPR@10%':>9}{'TPR@1%':>9}{'TPR@0.1%':>10}"]
+    for name, r in results.items():
+        tpr = r.get("tpr_at_fpr", {})
+        rows.append(f"{name:<14}{fmt(r.get('auc')):>7}{fmt(tpr.get('0.1')):>9}{fmt(tpr.get('0.01')):>9}"
+                    f"{fmt(tpr.get('0.001')):>10}")
+    return "\n".join(rows)
+
+
+def cmd_accountant(args: argparse.Namespace) -> int:
+    from dpaudit import accounting
+
+    common = dict(sample_rate=args.sample_rate, steps=args.steps, delta=args.delta, method=args.method)
+    if args.noise_multiplier is not None:
+        eps = accounting.epsilon(noise_multiplier=args.noise_multiplier, **common)
+        _emit(args, {"epsilon": eps, "delta": args.delta, "method": args.method},
+              f"epsilon = {eps:.4f} at delta = {args.delta:g} ({args.method})")
+    else:
+        sigma = accounting.noise_multiplier(target_epsilon=args.target_epsilon, **common)
+        eps = accounting.epsilon(noise_multiplier=sigma, **common)
+        _emit(args, {"noise_multiplier": sigma, "epsilon": eps, "target_epsilon": args.target_epsilon,
+                     "delta": args.delta, "method": args.method},
+              f"noise multiplier = {sigma:.4f} (epsilon = {eps:.4f} at delta = {args.delta:g}, {args.method})")
+    return EXIT_OK
+

@@ -1,0 +1,292 @@
+"""Typed run configuration: YAML in, validated dataclasses out, resolved YAML back.
+
+A config is built from a preset name (``tiny``, ``demo``, ``gpu``) or a YAML file, then
+``--set key.path=value`` overrides are applied. Unknown keys and wrong types are
+:class:`~dpaudit.errors.InputError` s that name the full key path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from dpaudit.errors import InputError
+
+PRESETS = ("tiny", "demo", "gpu")
+
+
+@dataclass
+class DataConfig:
+    """Where the training text comes from and how it is split."""
+
+    source: str = "clinical"  # "clinical", a local file or directory, or a hub data set name
+    text_column: str = "text"
+    unit_column: str | None = "unit_id"
+    split: str = "train"
+    num_patients: int = 300  # size of the built-in clinical corpus
+    holdout_fraction: float = 0.5
+    max_length: int = 128
+
+
+@dataclass
+class CanaryConfig:
+    """Canaries inserted into the members, each with probability ``inclusion_prob``."""
+
+    set: str = "new_token"  # a shipped set (canaries/*.yaml) or a path to a YAML file
+    num: int = 100
+    repetitions: int = 1
+    inclusion_prob: float = 0.5
+
+
+@dataclass
+class TokenizerConfig:
+    """Tokenizer trained from scratch when no base model is given."""
+
+    vocab_size: int = 2000
+    path: str | None = None  # a local tokenizer directory; default: the base model's, else trained
+
+
+@dataclass
+class LoraConfig:
+    """Low-rank adapters through ``peft``; only the adapter weights train."""
+
+    enabled: bool = False
+    r: int = 8
+    alpha: int = 16
+    dropout: float = 0.0
+    target_modules: list[str] | None = None  # None: peft's default for the architecture
+
+
+@dataclass
+class ModelConfig:
+    """Build a GPT-2-style model from a size preset, or load a local causal LM."""
+
+    size: str = "tiny"  # a key of dpaudit.models.SIZES
+    base_model: str | None = None  # a local AutoModelForCausalLM directory (or hub name)
+    trust_remote_code: bool = False
+    lora: LoraConfig = field(default_factory=LoraConfig)
+
+
+@dataclass
+class DPConfig:
+    """DP-SGD (Abadi et al. 2016). Exactly one of noise_multiplier and target_epsilon."""
+
+    noise_multiplier: float | None = None
+    target_epsilon: float | None = None
+    max_grad_norm: float = 1.0
+    delta: float | None = None  # None: 1 / (10 N) with N protected units
+    unit: Literal["example", "user"] = "example"
+    accountant: Literal["pld", "rdp"] = "pld"
+
+
+@dataclass
+class TrainConfig:
+    """Optimisation. ``batch_size`` is the expected batch size (Poisson rate q = B / N)."""
+
+    trainer: str = "dpaudit.train:nonprivate"  # MODULE:FUNCTION
+    optimizer: Literal["adamw", "sgd"] = "adamw"
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    momentum: float = 0.0
+    epochs: float = 1.0
+    steps: int | None = None  # overrides epochs when set
+    batch_size: int = 16
+    microbatch_size: int = 16  # per-example gradients are computed this many at a time
+    schedule: Literal["constant", "linear", "cosine"] = "constant"
+    warmup_steps: int = 0
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto: bf16 autocast on CUDA
+    eval_every: int = 50
+    checkpoint_every: int = 0  # 0: no intermediate checkpoints
+    max_eval_examples: int = 256
+    dp: DPConfig = field(default_factory=DPConfig)
+
+
+@dataclass
+class FleetConfig:
+    """Reference models trained on random halves of the data."""
+
+    num_models: int = 0
+    executor: Literal["local", "ray"] = "local"
+    address: str | None = None  # ray: "auto" or "host:port"; None starts a local instance
+    workers: int = 1
+
+
+@dataclass
+class AttackConfig:
+    """Membership attacks to run (registry names); empty means every runnable one."""
+
+    attacks: list[str] = field(default_factory=list)
+    batch_size: int = 16
+
+
+@dataclass
+class Config:
+    """A whole run."""
+
+    seed: int = 0
+    data: DataConfig = field(default_factory=DataConfig)
+    canaries: CanaryConfig = field(default_factory=CanaryConfig)
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    fleet: FleetConfig = field(default_factory=FleetConfig)
+    attack: AttackConfig = field(default_factory=AttackConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def load_config(source: str | Path | None = None, *, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Load a preset name or a YAML file, apply ``key.path=value`` overrides, validate."""
+    raw = _read_source(source or "demo")
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise InputError(f"--set expects key=value, got {item!r}")
+        _set_path(raw, key.strip().split("."), yaml.safe_load(value) if value.strip() else None)
+    config = _build(Config, raw, "")
+    validate(config)
+    return config
+
+
+def _read_source(source: str | Path) -> dict[str, Any]:
+    path = Path(source)
+    if str(source) in PRESETS:
+        text = resources.files("dpaudit.presets").joinpath(f"{source}.yaml").read_text()
+    elif path.suffix in (".yaml", ".yml") or path.exists():
+        if not path.is_file():
+            raise InputError(f"config file not found: {source}")
+        text = path.read_text()
+    else:
+        raise InputError(f"unknown preset {str(source)!r}: expected one of {', '.join(PRESETS)} or a YAML file")
+    try:
+        raw = yaml.safe_load(text) or {}
+    except yaml.YAMLError as err:
+        raise InputError(f"config {source} is not valid YAML: {str(err).splitlines()[0]}") from None
+    if not isinstance(raw, dict):
+        raise InputError(f"config {source} must be a mapping at the top level")
+    return raw
+
+
+def _set_path(raw: dict[str, Any], keys: list[str], value: Any) -> None:
+    node = raw
+    for i, key in enumerate(keys[:-1]):
+        child = node.setdefault(key, {})
+        if not isinstance(child, dict):
+            raise InputError(f"config key {'.'.join(keys[: i + 1])} is not a section")
+        node = child
+    node[keys[-1]] = value
+
+
+def _build(cls: type, raw: Any, path: str) -> Any:
+    if not isinstance(raw, dict):
+        raise InputError(f"config key {path or '<root>'} must be a mapping, got {type(raw).__name__}")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    for key in raw:
+        if key not in names:
+            where = f"{path}.{key}" if path else str(key)
+            raise InputError(f"unknown config key {where} (known here: {', '.join(sorted(names))})")
+    values = {}
+    for name, value in raw.items():
+        values[name] = _coerce(hints[name], value, f"{path}.{name}" if path else name)
+    return cls(**values)
+
+
+def _coerce(hint: Any, value: Any, path: str) -> Any:
+    origin = typing.get_origin(hint)
+    if dataclasses.is_dataclass(hint):
+        return _build(hint, value, path)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(hint)
+        if value is None and type(None) in options:
+            return None
+        errors = []
+        for option in options:
+            if option is type(None):
+                continue
+            try:
+                return _coerce(option, value, path)
+            except InputError as err:
+                errors.append(err)
+        raise errors[0]
+    if origin is Literal:
+        allowed = typing.get_args(hint)
+        if value not in allowed:
+            raise InputError(f"config key {path} must be one of {', '.join(map(str, allowed))}, got {value!r}")
+        return value
+    if origin is list:
+        (item,) = typing.get_args(hint)
+        if not isinstance(value, list):
+            raise InputError(f"config key {path} must be a list, got {value!r}")
+        return [_coerce(item, v, f"{path}[{i}]") for i, v in enumerate(value)]
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise InputError(f"config key {path} must be true or false, got {value!r}")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise InputError(f"config key {path} must be an integer, got {value!r}")
+        return value
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise InputError(f"config key {path} must be a number, got {value!r}")
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            raise InputError(f"config key {path} must be a string, got {value!r}")
+        return value
+    raise TypeError(f"unsupported config type {hint!r} at {path}")  # a bug in this module
+
+
+def validate(config: Config) -> None:
+    """Range checks that types alone do not express."""
+    t, d = config.train, config.train.dp
+
+    def positive(path: str, value: float | None, *, allow_zero: bool = False) -> None:
+        if value is not None and (value < 0 or (value == 0 and not allow_zero)):
+            raise InputError(f"config key {path} must be {'>= 0' if allow_zero else '> 0'}, got {value}")
+
+    positive("train.batch_size", t.batch_size)
+    positive("train.microbatch_size", t.microbatch_size)
+    positive("train.lr", t.lr)
+    positive("train.epochs", t.epochs)
+    positive("train.steps", t.steps)
+    positive("train.eval_every", t.eval_every)
+    positive("train.checkpoint_every", t.checkpoint_every, allow_zero=True)
+    positive("train.warmup_steps", t.warmup_steps, allow_zero=True)
+    positive("train.weight_decay", t.weight_decay, allow_zero=True)
+    positive("data.num_patients", config.data.num_patients)
+    positive("data.max_length", config.data.max_length)
+    positive("tokenizer.vocab_size", config.tokenizer.vocab_size)
+    positive("canaries.num", config.canaries.num, allow_zero=True)
+    positive("canaries.repetitions", config.canaries.repetitions)
+    positive("fleet.num_models", config.fleet.num_models, allow_zero=True)
+    positive("fleet.workers", config.fleet.workers)
+    positive("train.dp.max_grad_norm", d.max_grad_norm)
+    if not 0 < config.data.holdout_fraction < 1:
+        raise InputError(f"config key data.holdout_fraction must be in (0, 1), got {config.data.holdout_fraction}")
+    if not 0 < config.canaries.inclusion_prob < 1:
+        raise InputError(f"config key canaries.inclusion_prob must be in (0, 1), got {config.canaries.inclusion_prob}")
+    if ":" not in t.trainer:
+        raise InputError(f"config key train.trainer must be MODULE:FUNCTION, got {t.trainer!r}")
+    if d.noise_multiplier is not None and d.noise_multiplier <= 0:
+        raise InputError(f"config key train.dp.noise_multiplier must be > 0, got {d.noise_multiplier}")
+    if d.target_epsilon is not None and d.target_epsilon <= 0:
+        raise InputError(f"config key train.dp.target_epsilon must be > 0, got {d.target_epsilon}")
+    if d.delta is not None and not 0 < d.delta < 1:
+        raise InputError(f"config key train.dp.delta must be in (0, 1), got {d.delta}")

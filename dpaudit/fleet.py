@@ -1,0 +1,504 @@
+"""Reference-model fleet: many models, each trained on a random half of the candidates.
+
+Reference-model attacks (LiRA, Carlini et al. 2022; RMIA, Zarifzadeh et al. 2024; the
+reference ratio of Carlini et al. 2021) compare the target model with models known to have
+(or not to have) seen each candidate. :func:`train_fleet` trains ``num_models`` such models
+with the run's own trainer (``config.train.trainer``, private or not) and records which
+protected units each one saw in the inclusion matrix ``keep[model, example]``.
+
+Layout of a fleet directory::
+
+    fleet_dir/
+      config.resolved.yaml   the run config the models were trained with
+      candidates/            Dataset.save_to_disk (Arrow): text, input_ids, attention_mask, unit_id
+      tokenizer/             save_pretrained
+      keep.npz               keep bool [M, n], unit_ids [n], seed, candidates/tokenizer digests
+      model-000/ ...         save_pretrained model + tokenizer, fleet_job.json, trainer run files
+
+``keep.npz`` is written after the inputs and before any model; a model directory appears
+(by an atomic rename from a temporary sibling) only when it is complete. A rerun with the
+same inputs therefore trains only the models that are missing; a rerun with different inputs
+is refused rather than mixing two fleets.
+
+Executors: ``"local"`` (a process pool, the default) and ``"ray"``. Both run the same job
+function, which receives only ``(fleet_dir, index, threads)`` and reloads everything from
+``fleet_dir``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import sys
+import sysconfig
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dpaudit.config import Config, load_config
+from dpaudit.errors import InputError
+
+SCHEMA_VERSION = 1
+REQUIRED_COLUMNS = ("text", "input_ids", "attention_mask", "unit_id")
+JOB_FILE = "fleet_job.json"
+KEEP_FILE = "keep.npz"
+CONFIG_FILE = "config.resolved.yaml"
+TMP_PREFIX = ".tmp-"
+# The fleet's seeds live in their own branch of the run's SeedSequence tree, so that they
+# never coincide with the seeds that other stages spawn from the same run seed.
+_FLEET_SPAWN_KEY = 0x666C656574  # "fleet"
+# Config sections whose change makes old models a different fleet (``train.device`` aside).
+_TRAINING_SECTIONS = ("model", "train")
+
+
+# --------------------------------------------------------------------------- seeds and inclusion
+
+
+def inclusion_matrix(*, unit_ids: Sequence[str], num_models: int, seed: int) -> np.ndarray:
+    """``keep[m, i]``: whether model ``m`` trains on example ``i``.
+
+    Random halves by protected unit: all rows of a unit share one column pattern. The split
+    is balanced as in Carlini et al. 2022 (LiRA): for each unit, a random permutation of the
+    models, and the first half of them keep it; so with an even ``num_models`` every unit is
+    in exactly ``num_models / 2`` models. With an odd count a unit is kept by
+    ``floor(M/2)`` or ``ceil(M/2)`` models, each with probability 1/2, so that every
+    (model, unit) pair is still in with probability exactly 1/2.
+
+    Seeded with ``numpy.random.SeedSequence(seed)`` (the fleet's branch of it); units are
+    taken in sorted order, so the pattern of a unit does not depend on the row order.
+    """
+    if isinstance(num_models, bool) or not isinstance(num_models, (int, np.integer)) or num_models < 1:
+        raise InputError(f"the fleet needs num_models >= 1, got {num_models!r}")
+    ids = np.asarray([str(u) for u in unit_ids], dtype=str)
+    if ids.size == 0:
+        raise InputError("the fleet needs at least one candidate example")
+    units, inverse = np.unique(ids, return_inverse=True)
+    rng = np.random.default_rng(_keep_seed_sequence(seed))
+    # rank[m, u]: position of model m in unit u's random permutation of the models
+    rank = np.argsort(rng.random((len(units), num_models)), axis=1).argsort(axis=1).T
+    half = np.full(len(units), num_models // 2)
+    if num_models % 2:
+        half += rng.random(len(units)) < 0.5
+    unit_keep = rank < half[None, :]
+    return unit_keep[:, inverse.reshape(-1)]
+
+
+def _keep_seed_sequence(seed: int) -> np.random.SeedSequence:
+    return np.random.SeedSequence(seed, spawn_key=(_FLEET_SPAWN_KEY, 0))
+
+
+def model_seed(seed: int, index: int) -> int:
+    """The training seed of fleet model ``index``: child ``index`` of
+    ``SeedSequence(seed, spawn_key=(FLEET, 1)).spawn(...)``, the same whatever the fleet size.
+    A 32-bit integer, which every seeding API accepts."""
+    child = np.random.SeedSequence(seed, spawn_key=(_FLEET_SPAWN_KEY, 1, int(index)))
+    return int(child.generate_state(1, np.uint32)[0])
+
+
+# --------------------------------------------------------------------------- the fleet
+
+
+def train_fleet(
+    *,
+    fleet_dir: str | Path,
+    candidates,
+    tokenizer,
+    config: Config,
+    num_models: int | None = None,
+    executor: str | None = None,
+    address: str | None = None,
+    workers: int | None = None,
+    progress: bool = True,
+) -> np.ndarray:
+    """Train the reference models that ``fleet_dir`` still lacks; return ``keep`` [M, n].
+
+    ``candidates`` is a ``datasets.Dataset`` with ``text``, ``input_ids``,
+    ``attention_mask`` and ``unit_id``: the examples the attacks score. Model ``j`` trains
+    with ``config.train.trainer`` on ``candidates`` restricted to ``keep[j]``, with the seed
+    :func:`model_seed` ``(config.seed, j)``. ``num_models``, ``executor``, ``address`` and
+    ``workers`` default to ``config.fleet``.
+
+    ``executor="local"``: a pool of ``workers`` spawned processes, each with
+    ``cpu_count // workers`` torch threads (one pending model, or ``workers=1``, runs in this
+    process). ``executor="ray"``: one Ray task per missing model; ``address`` is ``"auto"`` or
+    ``"host:port"`` of a running cluster, or None for a local instance started (and stopped)
+    here (if this process is already connected to Ray, that connection is used as it is and
+    left open). On a cluster, ``fleet_dir`` must be on a file system that every node shares, at the
+    same path, and every node needs ``dpaudit`` installed; the directory of the trainer's
+    module is put on the workers' ``PYTHONPATH``. Each task asks Ray for
+    ``config.fleet.num_cpus`` CPUs and ``config.fleet.num_gpus`` GPUs where the config has
+    those keys (else ``cpu_count // workers`` CPUs on a local instance, 1 CPU on a cluster,
+    and no GPU).
+
+    Interrupted fleets resume: finished models are kept, temporary directories left by
+    unfinished ones are removed and those models are trained again. If ``fleet_dir`` holds a
+    fleet for other candidates, tokenizer, seed, model count or training config, an
+    :class:`InputError` is raised rather than mixing the two.
+    """
+    fleet = config.fleet
+    num_models = fleet.num_models if num_models is None else num_models
+    executor = fleet.executor if executor is None else executor
+    address = fleet.address if address is None else address
+    workers = fleet.workers if workers is None else workers
+    if isinstance(num_models, bool) or not isinstance(num_models, int) or num_models < 1:
+        raise InputError(f"fleet.num_models must be >= 1 to train a fleet, got {num_models!r}")
+    if executor not in ("local", "ray"):
+        raise InputError(f"fleet.executor must be local or ray, got {executor!r}")
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise InputError(f"fleet.workers must be >= 1, got {workers!r}")
+    missing = [c for c in REQUIRED_COLUMNS if c not in candidates.column_names]
+    if missing:
+        raise InputError(f"the fleet's candidates lack the column(s) {', '.join(missing)}")
+
+    fleet_dir = Path(fleet_dir)
+    fleet_dir.mkdir(parents=True, exist_ok=True)
+    config = dataclasses.replace(
+        config,
+        fleet=dataclasses.replace(fleet, num_models=num_models, executor=executor, address=address, workers=workers),
+    )
+    unit_ids = np.asarray([str(u) for u in candidates["unit_id"]], dtype=str)
+    keep = inclusion_matrix(unit_ids=unit_ids, num_models=num_models, seed=config.seed)
+    empty = np.flatnonzero(~keep.any(axis=1))
+    if empty.size:
+        raise InputError(
+            f"fleet model {int(empty[0])} would train on no candidates: "
+            f"{len(np.unique(unit_ids))} protected unit(s) are too few for {num_models} models"
+        )
+    identity = {
+        "candidates_sha256": _dataset_digest(candidates),
+        "tokenizer_sha256": _tokenizer_digest(tokenizer),
+    }
+    keep_path = fleet_dir / KEEP_FILE
+    if keep_path.exists():
+        _check_same_fleet(fleet_dir, keep, unit_ids, config, identity)
+    else:
+        if any(_model_dirs(fleet_dir)):
+            raise InputError(f"{fleet_dir} holds fleet models but no {KEEP_FILE}: use a new fleet directory")
+        _write_inputs(fleet_dir, candidates, tokenizer, config, keep, unit_ids, identity)
+
+    for leftover in fleet_dir.glob(f"{TMP_PREFIX}*"):
+        shutil.rmtree(leftover, ignore_errors=True) if leftover.is_dir() else leftover.unlink(missing_ok=True)
+    todo = [j for j in range(num_models) if not _is_complete(_model_dir(fleet_dir, j))]
+    if todo:
+        run = _run_ray if executor == "ray" else _run_local
+        run(
+            fleet_dir=fleet_dir,
+            todo=todo,
+            num_models=num_models,
+            config=config,
+            address=address,
+            workers=workers,
+            progress=progress,
+        )
+    return keep
+
+
+def load_fleet(fleet_dir: str | Path) -> tuple[np.ndarray, list[Path]]:
+    """The complete models of a fleet and their rows of the inclusion matrix.
+
+    Returns ``(keep, model_dirs)`` with ``keep[i]`` the inclusion row of ``model_dirs[i]``
+    (models still missing are left out of both). Raises :class:`InputError` when
+    ``fleet_dir`` is not a fleet or has no complete model yet.
+    """
+    fleet_dir = Path(fleet_dir)
+    keep_path = fleet_dir / KEEP_FILE
+    if not keep_path.is_file():
+        raise InputError(f"{fleet_dir} is not a fleet directory (no {KEEP_FILE})")
+    keep = _read_keep(keep_path)["keep"]
+    indices = [j for j in range(keep.shape[0]) if _is_complete(_model_dir(fleet_dir, j))]
+    if not indices:
+        raise InputError(f"the fleet in {fleet_dir} has no complete model yet: run train_fleet first")
+    return keep[indices], [_model_dir(fleet_dir, j) for j in indices]
+
+
+# --------------------------------------------------------------------------- one job
+
+
+def run_job(fleet_dir: str, index: int, threads: int | None = None) -> dict[str, Any]:
+    """Train and save fleet model ``index``; everything is read back from ``fleet_dir``.
+
+    Runs in a pool process, a Ray worker or the calling process. Returns the job record
+    (also written as ``fleet_job.json``), or the existing record if the model is done."""
+    import torch
+    from datasets import load_from_disk
+    from transformers import AutoTokenizer
+
+    from dpaudit.models import save_model
+    from dpaudit.plugins import call_trainer, load_trainer
+
+    if threads:
+        torch.set_num_threads(int(threads))
+    root = Path(fleet_dir)
+    final = _model_dir(root, index)
+    if _is_complete(final):
+        return json.loads((final / JOB_FILE).read_text())
+    config = load_config(root / CONFIG_FILE)
+    keep = _read_keep(root / KEEP_FILE)["keep"]
+    candidates = load_from_disk(str(root / "candidates"))
+    tokenizer = AutoTokenizer.from_pretrained(str(root / "tokenizer"))
+    rows = candidates.select(np.flatnonzero(keep[index]))
+    seed = model_seed(config.seed, index)
+    trainer = load_trainer(config.train.trainer)
+
+    tmp = root / f"{TMP_PREFIX}{final.name}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        start = time.perf_counter()
+        model = call_trainer(trainer, rows, tokenizer, seed=seed, config=config, run_dir=tmp)
+        if not hasattr(model, "save_pretrained"):
+            raise InputError(f"trainer {config.train.trainer} returned {type(model).__name__}, not a model")
+        save_model(model, tokenizer, tmp)
+        record = {
+            "schema_version": SCHEMA_VERSION,
+            "index": int(index),
+            "seed": seed,
+            "num_rows": len(rows),
+            "num_units": len(set(rows["unit_id"])),
+            "trainer": config.train.trainer,
+            "wall_time_s": round(time.perf_counter() - start, 3),
+        }
+        _write_text(tmp / JOB_FILE, json.dumps(record, indent=2) + "\n")
+        try:
+            tmp.rename(final)
+        except OSError:
+            if not _is_complete(final):  # another process finished it first: keep theirs
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return record
+
+
+def _init_worker(threads: int) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+# --------------------------------------------------------------------------- executors
+
+
+def _progress_bar(total: int, done: int, enabled: bool):
+    from tqdm import tqdm  # not tqdm.auto: progress goes to stderr, also in notebooks
+
+    return tqdm(total=total, initial=done, desc="fleet models", unit="model", file=sys.stderr, disable=not enabled)
+
+
+def _run_local(*, fleet_dir: Path, todo: list[int], num_models: int, config: Config, workers: int, progress: bool, **_):
+    workers = min(workers, len(todo))
+    threads = max(1, (os.cpu_count() or 1) // workers)
+    with _progress_bar(num_models, num_models - len(todo), progress) as bar:
+        if workers == 1:
+            # in-process: simpler to debug; torch's thread count is left as the caller set it
+            for j in todo:
+                run_job(str(fleet_dir), j)
+                bar.update(1)
+            return
+        import multiprocessing
+        from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
+
+        context = multiprocessing.get_context("spawn")  # spawn copies sys.path to the children
+        with ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker, initargs=(threads,)) as pool:
+            pending = {pool.submit(run_job, str(fleet_dir), j): j for j in todo}
+            failure = None
+            while pending and failure is None:
+                finished, _ = wait(pending, return_when=FIRST_EXCEPTION)
+                for future in finished:
+                    pending.pop(future)
+                    if future.exception() is not None and failure is None:
+                        failure = future
+                    elif future.exception() is None:
+                        bar.update(1)
+            if failure is not None:
+                # let running models finish (they count for a resume); drop the rest
+                for future in pending:
+                    future.cancel()
+                wait(pending)
+                bar.update(sum(1 for f in pending if not f.cancelled() and f.exception() is None))
+                raise failure.exception()
+
+
+def _run_ray(
+    *, fleet_dir: Path, todo: list[int], num_models: int, config: Config, address: str | None, workers: int, progress: bool
+):
+    try:
+        import ray
+    except ImportError:
+        raise InputError("fleet.executor ray needs Ray: pip install 'dpaudit[ray]'") from None
+
+    started_here = False
+    if not ray.is_initialized():
+        if address:
+            try:
+                ray.init(address=address, log_to_driver=False)
+            except (ConnectionError, ValueError, RuntimeError) as err:
+                raise InputError(f"cannot connect to the Ray cluster at {address}: {err}") from None
+        else:
+            ray.init(num_cpus=os.cpu_count() or 1, include_dashboard=False, log_to_driver=False)
+        started_here = True
+    try:
+        num_cpus = getattr(config.fleet, "num_cpus", None)
+        if num_cpus is None:
+            num_cpus = max(1, (os.cpu_count() or 1) // workers) if started_here and not address else 1
+        num_gpus = getattr(config.fleet, "num_gpus", None) or 0
+        threads = max(1, int(num_cpus))
+        options: dict[str, Any] = {"num_cpus": num_cpus, "num_gpus": num_gpus, "max_retries": 1}
+        pythonpath = _trainer_import_roots(config.train.trainer)
+        if pythonpath:
+            options["runtime_env"] = {"env_vars": {"PYTHONPATH": os.pathsep.join([*pythonpath, "${PYTHONPATH}"])}}
+        task = ray.remote(run_job).options(**options)
+        refs = {task.remote(str(fleet_dir.resolve()), j, threads): j for j in todo}
+        with _progress_bar(num_models, num_models - len(todo), progress) as bar:
+            pending = list(refs)
+            try:
+                while pending:
+                    ready, pending = ray.wait(pending, num_returns=1)
+                    ray.get(ready)  # raises the job's error
+                    bar.update(len(ready))
+            except BaseException:
+                for ref in pending:
+                    ray.cancel(ref)
+                raise
+    finally:
+        if started_here:
+            ray.shutdown()
+
+
+def _trainer_import_roots(spec: str) -> list[str]:
+    """The sys.path entry the trainer's module was imported from, unless it is an installed
+    package (workers have those already)."""
+    from dpaudit.plugins import load_trainer
+
+    module = sys.modules.get(load_trainer(spec).__module__)
+    path = getattr(module, "__file__", None)
+    if not path:
+        return []
+    path = Path(path).resolve()
+    depth = module.__name__.count(".") + (path.stem == "__init__")
+    root = path.parents[depth]
+    paths = sysconfig.get_paths()
+    installed = {Path(paths[k]).resolve() for k in ("purelib", "platlib", "stdlib", "platstdlib") if k in paths}
+    if root in installed or any(part in ("site-packages", "dist-packages") for part in root.parts):
+        return []
+    return [str(root)]
+
+
+# --------------------------------------------------------------------------- files
+
+
+def _model_dir(fleet_dir: Path, index: int) -> Path:
+    return fleet_dir / f"model-{index:03d}"
+
+
+def _model_dirs(fleet_dir: Path):
+    return (p for p in fleet_dir.glob("model-[0-9][0-9][0-9]*") if p.is_dir())
+
+
+def _is_complete(model_dir: Path) -> bool:
+    return (model_dir / JOB_FILE).is_file()
+
+
+def _write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f"{TMP_PREFIX}{path.name}-{uuid.uuid4().hex[:8]}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _read_keep(path: Path) -> dict[str, np.ndarray]:
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return {k: data[k] for k in data.files}
+    except (OSError, ValueError) as err:
+        raise InputError(f"{path} is not a readable fleet inclusion matrix: {err}") from None
+
+
+def _write_inputs(fleet_dir, candidates, tokenizer, config, keep, unit_ids, identity) -> None:
+    _write_text(fleet_dir / CONFIG_FILE, config.to_yaml())
+    for name, save in (
+        ("tokenizer", lambda d: tokenizer.save_pretrained(str(d))),
+        ("candidates", lambda d: candidates.save_to_disk(str(d))),
+    ):
+        tmp = fleet_dir / f"{TMP_PREFIX}{name}-{uuid.uuid4().hex[:8]}"
+        save(tmp)
+        shutil.rmtree(fleet_dir / name, ignore_errors=True)
+        tmp.rename(fleet_dir / name)
+    tmp = fleet_dir / f"{TMP_PREFIX}{KEEP_FILE}"
+    with open(tmp, "wb") as fh:
+        np.savez(
+            fh,
+            keep=keep,
+            unit_ids=unit_ids,
+            seed=np.int64(config.seed),
+            schema_version=np.int64(SCHEMA_VERSION),
+            **{k: np.asarray(v) for k, v in identity.items()},
+        )
+    os.replace(tmp, fleet_dir / KEEP_FILE)
+
+
+def _check_same_fleet(fleet_dir: Path, keep, unit_ids, config: Config, identity: dict[str, str]) -> None:
+    stored = _read_keep(fleet_dir / KEEP_FILE)
+    hint = "use a new fleet directory"
+
+    def refuse(what: str) -> None:
+        raise InputError(f"{fleet_dir} holds a fleet for {what}: {hint}")
+
+    if stored["keep"].shape[0] != keep.shape[0]:
+        refuse(f"{stored['keep'].shape[0]} models, not {keep.shape[0]}")
+    if "seed" in stored and int(stored["seed"]) != config.seed:
+        refuse(f"seed {int(stored['seed'])}, not {config.seed}")
+    if stored["unit_ids"].shape != unit_ids.shape or not np.array_equal(stored["unit_ids"], unit_ids):
+        refuse("other candidates (their unit ids differ)")
+    for key, value in identity.items():
+        if key in stored and str(stored[key]) != value:
+            refuse("other candidates" if key.startswith("candidates") else "another tokenizer")
+    if not np.array_equal(stored["keep"], keep):
+        refuse("another inclusion matrix")
+    config_path = fleet_dir / CONFIG_FILE
+    if config_path.is_file():
+        old = load_config(config_path).to_dict()
+        new = config.to_dict()
+        for section in _TRAINING_SECTIONS:
+            diff = sorted(_diff(old.get(section), new.get(section), section) - {"train.device"})
+            if diff:
+                refuse(f"another training config ({', '.join(diff)} differ)")
+
+
+def _diff(a: Any, b: Any, path: str) -> set[str]:
+    if isinstance(a, dict) and isinstance(b, dict):
+        out: set[str] = set()
+        for key in set(a) | set(b):
+            out |= _diff(a.get(key), b.get(key), f"{path}.{key}")
+        return out
+    return set() if a == b else {path}
+
+
+def _dataset_digest(dataset) -> str:
+    """SHA-256 of the candidate columns the fleet depends on (order included)."""
+    import pyarrow.compute as pc
+
+    table = dataset.select_columns(list(REQUIRED_COLUMNS)).with_format("arrow")[:]
+    digest = hashlib.sha256()
+    for name in REQUIRED_COLUMNS:
+        column = table.column(name).combine_chunks()
+        digest.update(name.encode() + b"\0")
+        if name in ("text", "unit_id"):
+            digest.update(json.dumps([str(v) for v in column.to_pylist()]).encode())
+        else:
+            lengths = pc.list_value_length(column).to_numpy(zero_copy_only=False)
+            values = pc.list_flatten(column).to_numpy(zero_copy_only=False)
+            digest.update(np.ascontiguousarray(lengths, dtype=np.int64).tobytes())
+            digest.update(np.ascontiguousarray(values, dtype=np.int64).tobytes())
+    return digest.hexdigest()
+
+
+def _tokenizer_digest(tokenizer) -> str:
+    vocab = sorted(tokenizer.get_vocab().items())
+    special = sorted(str(t) for t in getattr(tokenizer, "all_special_tokens", []))
+    return hashlib.sha256(json.dumps([vocab, special]).encode()).hexdigest()

@@ -1,0 +1,118 @@
+"""Causal language models: build a GPT-2-style model from a size preset, or load one.
+
+Models are saved with ``save_pretrained`` (safetensors) so that plain
+``AutoModelForCausalLM.from_pretrained(run_dir / "model")`` loads them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, PreTrainedModel
+
+from dpaudit.config import ModelConfig
+from dpaudit.errors import InputError
+
+# GPT-2 shapes. "gpt2" is the 124M model of Radford et al. 2019 (with the tokenizer's vocabulary).
+SIZES: dict[str, dict[str, int]] = {
+    "tiny": {"n_layer": 2, "n_embd": 64, "n_head": 2, "n_positions": 128},
+    "small": {"n_layer": 4, "n_embd": 128, "n_head": 4, "n_positions": 256},
+    "medium": {"n_layer": 6, "n_embd": 384, "n_head": 6, "n_positions": 512},
+    "gpt2": {"n_layer": 12, "n_embd": 768, "n_head": 12, "n_positions": 1024},
+}
+
+
+def build_model(*, size: str, vocab_size: int, bos_token_id: int, eos_token_id: int, seed: int) -> GPT2LMHeadModel:
+    """A freshly initialised GPT-2-style model; ``seed`` fixes the initial weights."""
+    if size not in SIZES:
+        raise InputError(f"unknown model size {size!r}: expected one of {', '.join(SIZES)}")
+    config = GPT2Config(
+        vocab_size=vocab_size,
+        bos_token_id=bos_token_id,
+        eos_token_id=eos_token_id,
+        # no dropout: it would make per-example gradients random and slow DP-SGD for no benefit here
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        **SIZES[size],
+    )
+    with torch.random.fork_rng(devices=[]):  # the CPU generator only; global state is restored
+        torch.manual_seed(seed)
+        return GPT2LMHeadModel(config)
+
+
+def load_model_config(path: str | Path, *, trust_remote_code: bool = False):
+    """The model's ``config.json``, or an InputError when ``path`` holds no model."""
+    try:
+        return AutoConfig.from_pretrained(str(path), trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as err:
+        raise InputError(f"{path} is not a model directory: {str(err).splitlines()[0]}") from None
+
+
+def load_model(path: str | Path, *, trust_remote_code: bool = False) -> PreTrainedModel:
+    """Load a causal LM from a local directory (or a hub name when the user has a network)."""
+    path = str(path)
+    load_model_config(path, trust_remote_code=trust_remote_code)
+    try:
+        return AutoModelForCausalLM.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as err:
+        raise InputError(f"cannot load a causal language model from {path}: {str(err).splitlines()[0]}") from None
+
+
+def check_tokenizer_fits(model_path: str | Path, tokenizer, *, trust_remote_code: bool = False) -> None:
+    """A tokenizer whose ids run past the model's embedding table does not belong to it."""
+    config = load_model_config(model_path, trust_remote_code=trust_remote_code)
+    rows = getattr(config, "vocab_size", None)
+    if rows is not None and len(tokenizer) > rows:
+        raise InputError(
+            f"the tokenizer has {len(tokenizer)} tokens but the model {model_path} has {rows} embeddings: "
+            "the tokenizer does not fit the model"
+        )
+
+
+def make_model(config: ModelConfig, tokenizer, *, seed: int) -> PreTrainedModel:
+    """The model a run trains: built from ``config.size`` or loaded from ``config.base_model``;
+    its embedding grows to fit tokens added to the tokenizer (new-token canaries);
+    with ``config.lora.enabled`` it is wrapped in ``peft`` LoRA adapters."""
+    if config.base_model:
+        model = load_model(config.base_model, trust_remote_code=config.trust_remote_code)
+        if len(tokenizer) > model.get_input_embeddings().weight.shape[0]:
+            model.resize_token_embeddings(len(tokenizer), mean_resizing=False)
+    else:
+        model = build_model(
+            size=config.size,
+            vocab_size=len(tokenizer),
+            bos_token_id=tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            seed=seed,
+        )
+    model.config.pad_token_id = tokenizer.pad_token_id
+    if config.lora.enabled:
+        model = add_lora(model, config)
+    return model
+
+
+def add_lora(model: PreTrainedModel, config: ModelConfig) -> PreTrainedModel:
+    """Wrap ``model`` in LoRA adapters (Hu et al. 2022); everything else is frozen."""
+    from peft import LoraConfig as PeftLoraConfig
+    from peft import get_peft_model
+
+    lora = PeftLoraConfig(
+        r=config.lora.r,
+        lora_alpha=config.lora.alpha,
+        lora_dropout=config.lora.dropout,
+        target_modules=config.lora.target_modules,
+        fan_in_fan_out=isinstance(model, GPT2LMHeadModel),  # GPT-2's Conv1D stores weights transposed
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, lora)
+
+
+def save_model(model: PreTrainedModel, tokenizer, directory: str | Path) -> None:
+    """Save model and tokenizer side by side; LoRA adapters are merged into the base weights
+    so that plain ``AutoModelForCausalLM.from_pretrained`` loads the result."""
+    if hasattr(model, "merge_and_unload"):
+        model = model.merge_and_unload()
+    model.save_pretrained(directory, safe_serialization=True)
+    tokenizer.save_pretrained(directory)

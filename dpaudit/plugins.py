@@ -1,0 +1,54 @@
+"""Trainer plug-ins: ``MODULE:FUNCTION`` callables with the contract
+
+    train(dataset: datasets.Dataset, tokenizer, *, seed: int) -> transformers.PreTrainedModel
+
+The dataset has the columns ``text``, ``input_ids``, ``attention_mask`` and ``unit_id``, and
+the callable trains on exactly those rows. The toolkit's own trainers also accept the
+keyword-only ``config``, ``run_dir`` and ``eval_dataset``; those are passed only to a
+callable whose signature names them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from dpaudit.errors import InputError
+
+OPTIONAL_KWARGS = ("config", "run_dir", "eval_dataset")
+
+
+def load_trainer(spec: str) -> Callable[..., Any]:
+    """Import ``MODULE:FUNCTION`` (from the toolkit or the user's PYTHONPATH)."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise InputError(f"a trainer is named MODULE:FUNCTION, got {spec!r}")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise InputError(f"cannot import trainer module {module_name!r}: {err}") from None
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise InputError(f"{module_name} has no callable {attr!r}")
+    return fn
+
+
+def call_trainer(
+    fn: Callable[..., Any],
+    dataset,
+    tokenizer,
+    *,
+    seed: int,
+    config=None,
+    run_dir: str | Path | None = None,
+    eval_dataset=None,
+):
+    """Call a trainer with the contract's arguments plus the optional ones it accepts."""
+    params = inspect.signature(fn).parameters
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    extra = {"config": config, "run_dir": run_dir, "eval_dataset": eval_dataset}
+    kwargs = {k: v for k, v in extra.items() if takes_any or k in params}
+    return fn(dataset, tokenizer, seed=seed, **kwargs)

@@ -1,0 +1,414 @@
+"""Gradient engines: what one training step does with a batch of protected units.
+
+An engine turns a batch of units (each a list of token sequences) into the update
+direction, left in ``p.grad`` of every trainable parameter. The training loop
+(:mod:`dpaudit.train.loop`) then takes an optimizer step. Both engines follow one template,
+
+    summed   = sum over units u of clip_C(g_u)        (no clipping for the non-private engine)
+    noisy    = summed + N(0, sigma^2 C^2 I)             (no noise for the non-private engine)
+    update   = noisy / B                                (B: the EXPECTED batch size, a constant)
+
+which is DP-SGD (Abadi et al., "Deep Learning with Differential Privacy", CCS 2016) with
+the noise calibrated as in the paper: sensitivity C under add/remove of one unit, and
+the divisor fixed in the config, never the realised batch size (that would make the
+noise scale depend on the data). The faulty engines of :mod:`dpaudit.train.faulty`
+override single steps of this template.
+
+Loss. The loss of one example is the mean negative log-likelihood over that example's
+predicted tokens (the tokens after the first, padding excluded), so every example has the
+same weight whatever its length. A unit's gradient ``g_u`` is the gradient of the sum of
+its examples' losses: one example for ``unit: example``, all of a user's examples for
+``unit: user``; clipping then bounds the whole user's contribution.
+
+Per-example gradients (:class:`DPSGDEngine`) come from ``torch.func``: ``vmap`` over the
+examples of a micro-batch of ``grad`` of the one-example loss, with ``functional_call`` on
+the trainable parameters only (with LoRA, the adapter weights; tied embeddings stay tied).
+Three traps of Hugging Face models are avoided:
+
+- position ids are passed explicitly, one row per example (GPT-2 would otherwise build
+  one broadcast row, which hooks-based per-sample code gets wrong);
+- the attention implementation is switched to ``"eager"`` while the engine lives:
+  SDPA's mask preparation branches on the mask's values (``padding_mask.all()``), which
+  ``vmap`` refuses, and SDPA has no batching rule on CPU (a slow per-example fallback);
+- should a model's mask code still branch on data, the engine falls back to a
+  precomputed additive 4-D causal+padding mask, which transformers passes through as is.
+
+GPT-2's ``Conv1D`` layers need nothing special: ``torch.func`` differentiates any module.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+import torch
+from torch import Tensor
+from torch.func import functional_call, grad_and_value, vmap
+
+CLIP_EPS = 1e-6  # clip factor C / (||g|| + eps): the clipped norm is strictly below C
+
+# --------------------------------------------------------------------------- batches
+
+
+@dataclass
+class Batch:
+    """A right-padded micro-batch. ``labels`` are ``input_ids`` with -100 on padding."""
+
+    input_ids: Tensor
+    attention_mask: Tensor
+    labels: Tensor
+    position_ids: Tensor
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    def to(self, device: torch.device | str) -> "Batch":
+        return Batch(*(t.to(device, non_blocking=True) for t in (self.input_ids, self.attention_mask, self.labels, self.position_ids)))
+
+
+def collate(sequences: Sequence[Tensor], *, pad_id: int, device: torch.device | str = "cpu") -> Batch:
+    """Pad 1-D token tensors on the right to the longest of them; explicit position ids."""
+    if not sequences:
+        raise ValueError("cannot collate an empty batch")
+    length = max(int(s.shape[0]) for s in sequences)
+    ids = torch.full((len(sequences), length), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), length), dtype=torch.long)
+    for i, seq in enumerate(sequences):
+        ids[i, : seq.shape[0]] = seq
+        mask[i, : seq.shape[0]] = 1
+    labels = ids.masked_fill(mask == 0, -100)
+    positions = torch.arange(length, dtype=torch.long).unsqueeze(0).expand(len(sequences), -1).contiguous()
+    return Batch(ids, mask, labels, positions).to(device)
+
+
+def token_nll(logits: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
+    """Summed next-token NLL and the number of predicted tokens, over the last dimension
+    pair of ``logits`` (..., L, V) and ``labels`` (..., L); -100 labels are ignored."""
+    logits = logits[..., :-1, :].float()
+    targets = labels[..., 1:]
+    valid = targets != -100
+    logp = torch.log_softmax(logits, dim=-1)
+    picked = logp.gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+    return -(picked * valid).sum(-1), valid.sum(-1)
+
+
+def example_losses(logits: Tensor, labels: Tensor) -> Tensor:
+    """Per-example loss: mean NLL over each example's own predicted tokens (0 if none)."""
+    total, count = token_nll(logits, labels)
+    return total / count.clamp(min=1)
+
+
+def _logits(output) -> Tensor:
+    return output.logits if hasattr(output, "logits") else output[0]
+
+
+def forward_logits(model: torch.nn.Module, batch: Batch) -> Tensor:
+    return _logits(
+        model(
+            input_ids=batch.input_ids,
+            attention_mask=batch.attention_mask,
+            position_ids=batch.position_ids,
+            use_cache=False,
+        )
+    )
+
+
+def autocast_context(device: torch.device, dtype: torch.dtype | None):
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def trainable_parameters(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
+    """Trainable parameters by name; a tied parameter appears once (its first name)."""
+    return {name: p for name, p in model.named_parameters() if p.requires_grad}
+
+
+# --------------------------------------------------------------------------- statistics
+
+
+@dataclass
+class StepStats:
+    """What one step saw. ``losses``: per-example losses (for the train log only: not private)."""
+
+    num_units: int = 0
+    num_examples: int = 0
+    losses: list[float] = field(default_factory=list)
+    unit_norms: list[float] = field(default_factory=list)  # before clipping (DP engines)
+    nonfinite_units: int = 0
+    clipped_units: int = 0
+
+
+# --------------------------------------------------------------------------- engines
+
+
+class GradientEngine:
+    """Template of one step: ``summed_gradients`` -> ``add_noise`` -> ``normalize``."""
+
+    private = False
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        expected_batch_size: int,
+        microbatch_size: int,
+        pad_id: int,
+        device: torch.device | str = "cpu",
+        autocast_dtype: torch.dtype | None = None,
+        noise_multiplier: float = 0.0,
+        max_grad_norm: float = math.inf,
+    ):
+        if expected_batch_size < 1:
+            raise ValueError(f"expected batch size must be positive, got {expected_batch_size}")
+        if microbatch_size < 1:
+            raise ValueError(f"micro-batch size must be positive, got {microbatch_size}")
+        if noise_multiplier < 0 or not max_grad_norm > 0:
+            raise ValueError("noise multiplier must be >= 0 and the clipping norm > 0")
+        self.model = model
+        self.expected_batch_size = int(expected_batch_size)
+        self.microbatch_size = int(microbatch_size)
+        self.pad_id = int(pad_id)
+        self.device = torch.device(device)
+        self.autocast_dtype = autocast_dtype
+        self.noise_multiplier = float(noise_multiplier)
+        self.max_grad_norm = float(max_grad_norm)
+        self.params = trainable_parameters(model)
+        if not self.params:
+            raise ValueError("the model has no trainable parameters")
+
+    # -- the template --------------------------------------------------------
+
+    def step(self, units: Sequence[Sequence[Tensor]], generator: torch.Generator | None = None) -> StepStats:
+        """Leave the update direction for ``units`` (each a list of 1-D token tensors) in
+        ``p.grad``; return what the step saw."""
+        summed, stats = self.summed_gradients(units)
+        noisy = self.add_noise(summed, generator)
+        update = self.normalize(noisy, len(units))
+        for name, p in self.params.items():
+            p.grad = update[name].to(p.dtype)
+        return stats
+
+    def summed_gradients(self, units: Sequence[Sequence[Tensor]]) -> tuple[dict[str, Tensor], StepStats]:
+        raise NotImplementedError
+
+    def add_noise(self, summed: dict[str, Tensor], generator: torch.Generator | None) -> dict[str, Tensor]:
+        return summed
+
+    def normalize(self, noisy: dict[str, Tensor], realised_batch_size: int) -> dict[str, Tensor]:
+        return {name: g / self.expected_batch_size for name, g in noisy.items()}
+
+    def close(self) -> None:
+        """Undo what the engine changed on the model."""
+
+    # -- helpers -------------------------------------------------------------
+
+    def zeros(self) -> dict[str, Tensor]:
+        return {name: torch.zeros_like(p, dtype=torch.float32) for name, p in self.params.items()}
+
+    def microbatches(self, items: list, size: int | None = None) -> Iterable[list]:
+        size = size or self.microbatch_size
+        for start in range(0, len(items), size):
+            yield items[start : start + size]
+
+
+class NonPrivateEngine(GradientEngine):
+    """Ordinary back-propagation of the summed per-example losses; no clipping, no noise.
+    Divided by the (expected = actual, for the shuffle sampler) batch size, this is the
+    mean per-example loss gradient."""
+
+    def summed_gradients(self, units):
+        stats = StepStats(num_units=len(units))
+        sequences = sorted((seq for unit in units for seq in unit), key=len, reverse=True)
+        stats.num_examples = len(sequences)
+        for p in self.params.values():
+            p.grad = None
+        for chunk in self.microbatches(sequences):
+            batch = collate(chunk, pad_id=self.pad_id, device=self.device)
+            with autocast_context(self.device, self.autocast_dtype):
+                losses = example_losses(forward_logits(self.model, batch), batch.labels)
+            losses.sum().backward()
+            stats.losses.extend(losses.detach().float().cpu().tolist())
+        summed = {}
+        for name, p in self.params.items():
+            summed[name] = p.grad.float() if p.grad is not None else torch.zeros_like(p, dtype=torch.float32)
+            p.grad = None
+        return summed, stats
+
+
+class DPSGDEngine(GradientEngine):
+    """DP-SGD: per-unit gradients (``torch.func``, micro-batched), each clipped to norm C,
+    summed, plus Gaussian noise of standard deviation sigma * C per coordinate, divided by
+    the expected batch size."""
+
+    private = True
+
+    def __init__(self, model, **kwargs):
+        super().__init__(model, **kwargs)
+        self._mask_mode = "2d"
+        self._restore_attention = _use_eager_attention(model)
+        self._grad_fn = {
+            mode: vmap(grad_and_value(self._loss_fn(mode)), in_dims=(None, 0, 0, 0), randomness="different")
+            for mode in ("2d", "4d")
+        }
+
+    def close(self) -> None:
+        self._restore_attention()
+
+    # -- per-example gradients -------------------------------------------------
+
+    def _loss_fn(self, mode: str):
+        model = self.model
+
+        def loss(params: dict[str, Tensor], input_ids: Tensor, mask: Tensor, labels: Tensor) -> Tensor:
+            length = input_ids.shape[0]
+            positions = torch.arange(length, device=input_ids.device)
+            if mode == "2d":
+                attention = mask.unsqueeze(0)
+            else:  # additive causal + padding mask, (1, 1, L, L)
+                causal = torch.ones(length, length, dtype=torch.bool, device=input_ids.device).tril()
+                allowed = causal & mask.bool().unsqueeze(0)
+                dtype = self.autocast_dtype or next(iter(params.values())).dtype
+                attention = torch.zeros(length, length, dtype=dtype, device=input_ids.device)
+                attention = attention.masked_fill(~allowed, torch.finfo(dtype).min)[None, None]
+            output = functional_call(
+                model,
+                params,
+                args=(),
+                kwargs={
+                    "input_ids": input_ids.unsqueeze(0),
+                    "attention_mask": attention,
+                    "position_ids": positions.unsqueeze(0),
+                    "use_cache": False,
+                },
+            )
+            total, count = token_nll(_logits(output)[0], labels)
+            return total / count.clamp(min=1)
+
+        return loss
+
+    def per_example_gradients(self, batch: Batch) -> tuple[dict[str, Tensor], Tensor]:
+        """Gradients of each example's loss, ``{name: (m, *shape)}``, and the losses (m,)."""
+        params = {name: p.detach() for name, p in self.params.items()}
+        with autocast_context(self.device, self.autocast_dtype):
+            try:
+                grads, losses = self._grad_fn[self._mask_mode](params, batch.input_ids, batch.attention_mask, batch.labels)
+            except RuntimeError as err:
+                if self._mask_mode != "2d" or "vmap" not in str(err):
+                    raise
+                self._mask_mode = "4d"  # the model's mask code branches on data
+                grads, losses = self._grad_fn["4d"](params, batch.input_ids, batch.attention_mask, batch.labels)
+        return {name: g.float() for name, g in grads.items()}, losses.detach().float()
+
+    # -- clipping ---------------------------------------------------------------
+
+    def clip_factors(self, norms: Tensor) -> Tensor:
+        return (self.max_grad_norm / (norms + CLIP_EPS)).clamp(max=1.0)
+
+    def clipped_sum(self, unit_grads: dict[str, Tensor], total: dict[str, Tensor], stats: StepStats) -> None:
+        """Clip each row of ``unit_grads`` (one row per complete unit) and add to ``total``."""
+        first = next(iter(unit_grads.values()))
+        if first.shape[0] == 0:
+            return
+        squares = torch.zeros(first.shape[0], dtype=torch.float32, device=first.device)
+        for g in unit_grads.values():
+            squares += g.reshape(g.shape[0], -1).pow(2).sum(1)
+        norms = squares.sqrt()
+        factors = self.clip_factors(norms)
+        for name, g in unit_grads.items():
+            total[name] += torch.einsum("k,k...->...", factors, g)
+        norms_list = norms.cpu().tolist()
+        stats.unit_norms.extend(norms_list)
+        stats.nonfinite_units += sum(1 for n in norms_list if not math.isfinite(n))
+        stats.clipped_units += sum(1 for n in norms_list if n + CLIP_EPS > self.max_grad_norm)
+
+    def summed_gradients(self, units):
+        return self._summed(units, self.clipped_sum)
+
+    def _summed(self, units, accumulate) -> tuple[dict[str, Tensor], StepStats]:
+        """Per-unit gradients (sum over a unit's examples) handed to ``accumulate`` in
+        chunks of complete units; memory stays at O(micro-batch x parameters) because a
+        unit that spans two micro-batches is carried over, never all units at once."""
+        stats = StepStats(num_units=len(units))
+        total = self.zeros()
+        # one row per example, tagged with its unit; a unit's rows are contiguous
+        if all(len(unit) == 1 for unit in units):
+            order = sorted(range(len(units)), key=lambda u: len(units[u][0]), reverse=True)
+            rows = [(u, units[u][0]) for u in order]
+        else:
+            rows = [(u, seq) for u, unit in enumerate(units) for seq in sorted(unit, key=len, reverse=True)]
+        stats.num_examples = len(rows)
+        carry: dict[str, Tensor] | None = None
+        for start in range(0, len(rows), self.microbatch_size):
+            chunk = rows[start : start + self.microbatch_size]
+            following = rows[start + self.microbatch_size][0] if start + self.microbatch_size < len(rows) else None
+            batch = collate([seq for _, seq in chunk], pad_id=self.pad_id, device=self.device)
+            grads, losses = self.per_example_gradients(batch)
+            stats.losses.extend(losses.cpu().tolist())
+            tags = [u for u, _ in chunk]
+            if len(set(tags)) == len(tags):
+                unit_grads = grads
+            else:
+                local, index = {}, []
+                for u in tags:
+                    index.append(local.setdefault(u, len(local)))
+                index_t = torch.tensor(index, device=self.device)
+                unit_grads = {
+                    name: torch.zeros((len(local), *g.shape[1:]), dtype=g.dtype, device=g.device).index_add_(0, index_t, g)
+                    for name, g in grads.items()
+                }
+            if carry is not None:  # the first unit here began in the previous micro-batch
+                for name in unit_grads:
+                    unit_grads[name][0] += carry[name]
+                carry = None
+            if following is not None and following == tags[-1]:  # the last unit goes on
+                carry = {name: g[-1].clone() for name, g in unit_grads.items()}
+                unit_grads = {name: g[:-1] for name, g in unit_grads.items()}
+            accumulate(unit_grads, total, stats)
+        return total, stats
+
+    # -- noise --------------------------------------------------------------------
+
+    def noise_std(self) -> float:
+        if self.noise_multiplier == 0:
+            return 0.0  # also with C = infinity (0 * inf is nan)
+        return self.noise_multiplier * self.max_grad_norm
+
+    def add_noise(self, summed, generator):
+        std = self.noise_std()
+        if std == 0:
+            return summed
+        return {
+            name: g + std * torch.randn(g.shape, generator=generator, device=g.device, dtype=g.dtype)
+            for name, g in summed.items()
+        }
+
+
+# --------------------------------------------------------------------------- attention
+
+
+def _base_model(model: torch.nn.Module) -> torch.nn.Module:
+    if hasattr(model, "get_base_model"):  # peft
+        return model.get_base_model()
+    return model
+
+
+def _use_eager_attention(model: torch.nn.Module):
+    """Switch a transformers model to eager attention; return a function that undoes it."""
+    base = _base_model(model)
+    config = getattr(base, "config", None)
+    current = getattr(config, "_attn_implementation", None)
+    if current in (None, "eager") or not hasattr(base, "set_attn_implementation"):
+        return lambda: None
+    try:
+        base.set_attn_implementation("eager")
+    except (ValueError, ImportError, AttributeError, NotImplementedError):
+        return lambda: None
+
+    def restore() -> None:
+        with contextlib.suppress(ValueError, ImportError, AttributeError, NotImplementedError):
+            base.set_attn_implementation(current)
+
+    return restore

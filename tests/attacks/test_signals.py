@@ -1,0 +1,326 @@
+"""dpaudit.signals: batched per-token log-probs against a naive loop, caching, persistence."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from dpaudit.errors import InputError
+from dpaudit.signals import (
+    TokenSignals,
+    cached_signals,
+    compute_signals,
+    compute_signals_many,
+    signals_fingerprint,
+)
+
+MAX_POS = 64
+
+
+def byte_tokenizer():
+    """One token per UTF-8 byte (ids 0..255), built in memory; no download."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {ch: i for i, ch in enumerate(alphabet)}
+    vocab["<|endoftext|>"] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>")
+
+
+def tiny_gpt2(seed: int = 0):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    cfg = GPT2Config(
+        n_layer=2, n_embd=64, n_head=2, vocab_size=300, n_positions=MAX_POS, bos_token_id=0, eos_token_id=0
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = GPT2LMHeadModel(cfg)
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return byte_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_gpt2()
+
+
+TEXTS = [
+    "The patient was admitted with chest pain.",
+    "",  # no token
+    "a",  # one token: nothing to predict
+    "ok",
+    "x" * 100,  # longer than the model's 64 positions
+    "Dose: 5 mg twice daily; review in 2 weeks.",
+    "héllo wörld ✓",  # multi-byte
+    "short one",
+]
+
+
+def naive(model, tokenizer, text, max_length):
+    """Reference: one text at a time, no padding, float64 from the full logits."""
+    ids = tokenizer(text, truncation=True, max_length=max_length)["input_ids"]
+    if len(ids) < 2:
+        return np.zeros(0), np.zeros(0), np.zeros(0)
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0].double()
+    logp = torch.log_softmax(logits[:-1], dim=-1)
+    lp = logp.gather(1, torch.tensor(ids[1:])[:, None])[:, 0]
+    p = logp.exp()
+    mean = (p * logp).sum(-1)
+    std = (p * (logp - mean[:, None]) ** 2).sum(-1).sqrt()
+    return lp.numpy(), mean.numpy(), std.numpy()
+
+
+@pytest.mark.parametrize("batch_size,max_length", [(3, 512), (16, 20)])
+def test_compute_signals_matches_naive_loop(model, tokenizer, batch_size, max_length):
+    sig = compute_signals(
+        model, tokenizer, TEXTS, batch_size=batch_size, max_length=max_length, device="cpu", progress=False
+    )
+    limit = min(max_length, MAX_POS)
+    assert sig.n == len(TEXTS)
+    assert sig.logprob.dtype == np.float32 and sig.mask.dtype == np.bool_
+    assert sig.logprob.shape == (len(TEXTS), limit - 1)
+    for i, text in enumerate(TEXTS):
+        lp, mean, std = naive(model, tokenizer, text, limit)
+        t = len(lp)
+        assert sig.mask[i].sum() == t and sig.mask[i, :t].all()
+        np.testing.assert_allclose(sig.logprob[i, :t], lp, atol=1e-4, rtol=0)
+        np.testing.assert_allclose(sig.mean[i, :t], mean, atol=1e-4, rtol=0)
+        np.testing.assert_allclose(sig.std[i, :t], std, atol=1e-4, rtol=0)
+        assert not sig.logprob[i, t:].any() and not sig.mean[i, t:].any()
+    assert sig.token_count().tolist() == [sig.mask[i].sum() for i in range(len(TEXTS))]
+
+
+def test_mean_std_against_numpy_from_full_logits(model, tokenizer):
+    text = "Blood pressure 120/80, pulse 72."
+    sig = compute_signals(model, tokenizer, [text], device="cpu", progress=False)
+    ids = tokenizer(text)["input_ids"]
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0].numpy().astype(np.float64)
+    x = logits[:-1]
+    logp = x - x.max(1, keepdims=True)
+    logp -= np.log(np.exp(logp).sum(1, keepdims=True))
+    p = np.exp(logp)
+    mean = (p * logp).sum(1)
+    var = (p * logp**2).sum(1) - mean**2
+    np.testing.assert_allclose(sig.logprob[0], logp[np.arange(len(ids) - 1), ids[1:]], atol=1e-4)
+    np.testing.assert_allclose(sig.mean[0], mean, atol=1e-4)
+    np.testing.assert_allclose(sig.std[0], np.sqrt(var), atol=1e-4)
+    np.testing.assert_allclose(sig.mean_logprob()[0], sig.logprob[0].mean(), rtol=1e-6)
+
+
+def test_order_restored_and_batch_size_irrelevant(model, tokenizer):
+    a = compute_signals(model, tokenizer, TEXTS, batch_size=1, device="cpu", progress=False)
+    b = compute_signals(model, tokenizer, TEXTS[::-1], batch_size=5, device="cpu", progress=False)
+    np.testing.assert_array_equal(a.mask, b.mask[::-1])
+    np.testing.assert_allclose(a.logprob, b.logprob[::-1], atol=1e-5)
+
+
+def test_many_models_and_mode_restored(tokenizer):
+    m1, m2 = tiny_gpt2(1), tiny_gpt2(2)
+    m1.train()
+    many = compute_signals_many(iter([m1, m2]), tokenizer, TEXTS[:4], device="cpu", progress=False)
+    assert m1.training and not m2.training
+    for m, s in zip((m1, m2), many):
+        one = compute_signals(m, tokenizer, TEXTS[:4], device="cpu", progress=False)
+        np.testing.assert_allclose(s.logprob, one.logprob, atol=1e-6)
+    assert not np.allclose(many[0].logprob, many[1].logprob)
+
+
+def test_progress_goes_to_stderr_only(model, tokenizer, capsys):
+    compute_signals(model, tokenizer, TEXTS[:3], device="cpu", progress=True)
+    out, err = capsys.readouterr()
+    assert out == "" and "signals" in err
+    compute_signals(model, tokenizer, TEXTS[:3], device="cpu", progress=False)
+    out, err = capsys.readouterr()
+    assert out == "" and err == ""
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"texts": "one string"},
+        {"texts": ["ok", 3]},
+        {"batch_size": 0},
+        {"max_length": 1},
+        {"device": "no-such-device"},
+    ],
+)
+def test_bad_input_raises_input_error(model, tokenizer, kwargs):
+    args = {"texts": ["ok"], "device": "cpu", "progress": False, **kwargs}
+    texts = args.pop("texts")
+    with pytest.raises(InputError):
+        compute_signals(model, tokenizer, texts, **args)
+
+
+def test_empty_text_list(model, tokenizer):
+    sig = compute_signals(model, tokenizer, [], device="cpu", progress=False)
+    assert sig.logprob.shape == (0, 0)
+
+
+# -- TokenSignals ------------------------------------------------------------------------
+
+
+def make_signals(rng, n=5, width=7, stats=True):
+    lengths = rng.integers(0, width + 1, size=n)
+    mask = np.arange(width)[None] < lengths[:, None]
+    lp = np.where(mask, -rng.random((n, width)) * 5, 0).astype(np.float32)
+    if not stats:
+        return TokenSignals(logprob=lp, mask=mask)
+    return TokenSignals(logprob=lp, mask=mask, mean=lp - 1, std=np.abs(lp) + 0.5)
+
+
+@pytest.mark.parametrize("stats", [True, False])
+def test_save_load_round_trip(tmp_path, stats):
+    sig = make_signals(np.random.default_rng(0), stats=stats)
+    path = sig.save(tmp_path / "x.npz")
+    assert path == tmp_path / "x.npz" and path.is_file()
+    assert [p.name for p in tmp_path.iterdir()] == ["x.npz"]  # no temp file left
+    back = TokenSignals.load(path)
+    for f in ("logprob", "mask", "mean", "std"):
+        a, b = getattr(sig, f), getattr(back, f)
+        if a is None:
+            assert b is None
+        else:
+            assert a.dtype == b.dtype
+            np.testing.assert_array_equal(a, b)
+    with np.load(path, allow_pickle=False) as z:  # plain arrays only
+        assert {"logprob", "mask"} <= set(z.files)
+
+
+def test_load_errors(tmp_path):
+    with pytest.raises(InputError):
+        TokenSignals.load(tmp_path / "missing.npz")
+    (tmp_path / "junk.npz").write_bytes(b"not a zip")
+    with pytest.raises(InputError):
+        TokenSignals.load(tmp_path / "junk.npz")
+    np.savez(tmp_path / "other.npz", a=np.zeros(3))
+    with pytest.raises(InputError, match="logprob"):
+        TokenSignals.load(tmp_path / "other.npz")
+
+
+def test_token_signals_validation_and_read_only():
+    lp = np.zeros((2, 3), dtype=np.float32)
+    mask = np.ones((2, 3), dtype=bool)
+    sig = TokenSignals(logprob=lp, mask=mask)
+    with pytest.raises(ValueError):
+        sig.logprob[0, 0] = 1.0
+    lp[0, 0] = -1.0  # the caller's own array stays writeable
+    with pytest.raises(InputError):
+        TokenSignals(logprob=lp, mask=mask[:, :2])
+    with pytest.raises(InputError):
+        TokenSignals(logprob=lp[0], mask=mask[0])
+    with pytest.raises(InputError):
+        TokenSignals(logprob=lp, mask=mask, mean=lp)  # std missing
+    assert TokenSignals(logprob=lp, mask=mask.astype(int)).mask.dtype == np.bool_
+
+
+def test_summaries_and_select():
+    lp = np.array([[-1, -3, 0], [-2, 0, 0], [0, 0, 0]], dtype=np.float32)
+    mask = np.array([[1, 1, 0], [1, 0, 0], [0, 0, 0]], dtype=bool)
+    sig = TokenSignals(logprob=lp, mask=mask)
+    assert sig.token_count().tolist() == [2, 1, 0]
+    np.testing.assert_allclose(sig.sum_logprob(), [-4, -2, 0])
+    m = sig.mean_logprob()
+    np.testing.assert_allclose(m[:2], [-2, -2])
+    assert np.isnan(m[2])
+    sub = sig.select([1, 0])
+    np.testing.assert_array_equal(sub.logprob, lp[[1, 0]])
+    assert sig.select(np.array([True, False, True])).n == 2
+    assert sig.select([]).n == 0
+
+
+# -- cache -------------------------------------------------------------------------------
+
+
+class ForwardCounter:
+    def __init__(self, model):
+        self.calls = 0
+        self.handle = model.register_forward_hook(self)
+
+    def __call__(self, *args):
+        self.calls += 1
+
+
+def test_cached_signals_hit_miss_and_atomic_write(tmp_path, model, tokenizer):
+    counter = ForwardCounter(model)
+    try:
+        kw = dict(model_id="tiny-gpt2@seed0", device="cpu", progress=False, batch_size=4)
+        a = cached_signals(tmp_path, "target", model, tokenizer, TEXTS, **kw)
+        path = tmp_path / "signals" / "target.npz"
+        assert path.is_file() and counter.calls > 0
+        assert sorted(p.name for p in path.parent.iterdir()) == ["target.npz"]
+        calls, mtime = counter.calls, path.stat().st_mtime_ns
+
+        b = cached_signals(tmp_path, "target", model, tokenizer, TEXTS, **kw)  # hit
+        assert counter.calls == calls and path.stat().st_mtime_ns == mtime
+        np.testing.assert_array_equal(a.logprob, b.logprob)
+        np.testing.assert_array_equal(a.std, b.std)
+
+        cached_signals(tmp_path, "target", model, tokenizer, TEXTS[:-1], **kw)  # texts changed
+        assert counter.calls > calls
+        calls = counter.calls
+        kw2 = {**kw, "model_id": "tiny-gpt2@seed1"}
+        c = cached_signals(tmp_path, "target", model, tokenizer, TEXTS, **kw2)  # model changed
+        assert counter.calls > calls and c.n == len(TEXTS)
+        calls = counter.calls
+        cached_signals(tmp_path, "target", model, tokenizer, TEXTS, **kw2)
+        assert counter.calls == calls
+
+        path.write_bytes(b"corrupt")  # unreadable cache = miss
+        cached_signals(tmp_path, "target", model, tokenizer, TEXTS, **kw2)
+        assert counter.calls > calls
+        assert TokenSignals.load(path).n == len(TEXTS)
+    finally:
+        counter.handle.remove()
+
+
+def test_cached_signals_rejects_bad_names(tmp_path, model, tokenizer):
+    for name in ("../escape", "a/b", "", ".hidden"):
+        with pytest.raises(InputError):
+            cached_signals(tmp_path, name, model, tokenizer, ["ok"], model_id="m", progress=False)
+    with pytest.raises(InputError):
+        cached_signals(tmp_path, "t", model, tokenizer, ["ok"], model_id="", progress=False)
+
+
+def test_fingerprint_separates_inputs():
+    f = signals_fingerprint(["ab", "c"], model_id="m", max_length=8)
+    assert f == signals_fingerprint(["ab", "c"], model_id="m", max_length=8)
+    assert f != signals_fingerprint(["a", "bc"], model_id="m", max_length=8)
+    assert f != signals_fingerprint(["ab", "c"], model_id="m2", max_length=8)
+    assert f != signals_fingerprint(["ab", "c"], model_id="m", max_length=9)
+
+
+@pytest.mark.parametrize("kind", ["gpt2_like", "peaked", "flat"])
+def test_chunk_stats_numerics_against_float64(kind):
+    from dpaudit.signals import _chunk_stats
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 5000, generator=gen)
+    if kind == "gpt2_like":  # large negative logits, spread of a few nats
+        x = -100.0 + 4.0 * x
+    elif kind == "peaked":  # one dominant token per row
+        x = 2.0 * x
+        x[:, 7] += 30.0
+    else:
+        x = 1e-3 * x
+    target = torch.randint(0, 5000, (64,), generator=gen)
+    x64 = x.double()
+    logp = torch.log_softmax(x64, -1)
+    p = logp.exp()
+    mean = (p * logp).sum(-1)
+    std = (p * (logp - mean[:, None]) ** 2).sum(-1).sqrt()
+    lp, m, s = _chunk_stats(x.clone(), target)
+    np.testing.assert_allclose(lp.numpy(), logp.gather(1, target[:, None])[:, 0].numpy(), atol=1e-4, rtol=1e-6)
+    np.testing.assert_allclose(m.numpy(), mean.numpy(), atol=1e-4, rtol=1e-6)
+    np.testing.assert_allclose(s.numpy(), std.numpy(), atol=1e-4, rtol=1e-4)

@@ -1,0 +1,22 @@
+"""The wheel carries every subpackage, the presets, the canary sets and the report template."""
+
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_every_subpackage_is_listed():
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {"dpaudit"} | {
+        "dpaudit." + p.parent.name for p in (ROOT / "dpaudit").glob("*/__init__.py")
+    } | {"dpaudit.canary_sets"}
+    assert listed == found
+
+
+def test_package_data_is_found():
+    from importlib import resources
+
+    assert resources.files("dpaudit.presets").joinpath("demo.yaml").is_file()
+    assert resources.files("dpaudit.canary_sets").joinpath("new_token.yaml").is_file()
+    assert resources.files("dpaudit.report").joinpath("templates/report.html").is_file()

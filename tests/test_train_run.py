@@ -1,0 +1,46 @@
+"""`dpaudit train --config tiny` end to end on the CPU."""
+
+import json
+
+import pytest
+import torch
+import yaml
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from dpaudit.cli import main
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("runs") / "tiny"
+    assert main(["train", "--config", "tiny", "--out", str(out), "--set", "train.epochs=1"]) == 0
+    return out
+
+
+def test_run_directory_is_complete(tiny_run):
+    for name in ("config.resolved.yaml", "manifest.json", "canaries.json", "data_split.json",
+                 "train_log.jsonl", "candidates.jsonl", "model"):
+        assert (tiny_run / name).exists(), name
+    resolved = yaml.safe_load((tiny_run / "config.resolved.yaml").read_text())
+    assert resolved["train"]["epochs"] == 1
+    manifest = json.loads((tiny_run / "manifest.json").read_text())
+    assert manifest["seeds"]["run"] == 0 and manifest["packages"]["torch"]
+    canaries = json.loads((tiny_run / "canaries.json").read_text())["canaries"]
+    assert len(canaries) == 16 and {c["included"] for c in canaries} == {True, False}
+    log = [json.loads(line) for line in (tiny_run / "train_log.jsonl").read_text().splitlines()]
+    assert any("heldout_perplexity" in row for row in log)
+
+
+def test_saved_model_loads_with_plain_transformers_and_generates(tiny_run):
+    model = AutoModelForCausalLM.from_pretrained(tiny_run / "model")
+    tokenizer = AutoTokenizer.from_pretrained(tiny_run / "model")
+    inputs = tokenizer("Patient presented with", return_tensors="pt")
+    with torch.no_grad():
+        out = model.generate(**inputs, max_new_tokens=8, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+    assert out.shape[1] > inputs["input_ids"].shape[1]
+    assert isinstance(tokenizer.decode(out[0]), str)
+
+
+def test_existing_run_directory_is_refused(tiny_run, capsys):
+    assert main(["train", "--config", "tiny", "--out", str(tiny_run)]) == 2
+    assert "already exists" in capsys.readouterr().err

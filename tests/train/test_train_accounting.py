@@ -1,0 +1,131 @@
+"""dpaudit.accounting against dp_accounting called directly, the known values, calibration
+and bad input."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import dp_accounting
+import pytest
+from dp_accounting import pld, rdp
+
+from dpaudit import accounting
+from dpaudit.errors import InputError
+
+
+def direct(sigma, q, steps, delta, method):
+    event = dp_accounting.SelfComposedDpEvent(
+        dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)), steps
+    )
+    acc = pld.PLDAccountant() if method == "pld" else rdp.RdpAccountant()
+    acc.compose(event)
+    return acc.get_epsilon(delta)
+
+
+@pytest.mark.parametrize("method", ["pld", "rdp"])
+@pytest.mark.parametrize("sigma", [0.8, 2.0])
+@pytest.mark.parametrize("q,steps", [(0.01, 100), (0.1, 30), (1.0, 3)])
+@pytest.mark.parametrize("delta", [1e-5, 1e-3])
+def test_epsilon_equals_dp_accounting(method, sigma, q, steps, delta):
+    ours = accounting.epsilon(noise_multiplier=sigma, sample_rate=q, steps=steps, delta=delta, method=method)
+    assert ours == pytest.approx(direct(sigma, q, steps, delta, method), rel=1e-12)
+
+
+def test_known_values():
+    q = 256 / 60000
+    steps = math.ceil(60 * 60000 / 256)
+    kwargs = dict(noise_multiplier=1.1, sample_rate=q, steps=steps, delta=1e-5)
+    assert accounting.epsilon(**kwargs) == pytest.approx(2.38, abs=0.01)
+    assert accounting.epsilon(**kwargs, method="rdp") == pytest.approx(2.60, abs=0.01)
+
+
+@pytest.mark.parametrize("method", ["pld", "rdp"])
+@pytest.mark.parametrize("target", [1.0, 4.0])
+def test_noise_multiplier_gives_epsilon_at_or_just_below_target(method, target):
+    kwargs = dict(sample_rate=0.05, steps=50, delta=1e-5, method=method)
+    sigma = accounting.noise_multiplier(target_epsilon=target, **kwargs)
+    eps = accounting.epsilon(noise_multiplier=sigma, **kwargs)
+    assert eps <= target
+    assert eps >= target * 0.999
+    assert accounting.epsilon(noise_multiplier=sigma * (1 - 1e-3), **kwargs) > target
+
+
+def test_event_round_trip_through_json():
+    event = accounting.make_event(noise_multiplier=1.1, sample_rate=0.01, steps=100)
+    data = accounting.event_to_dict(event)
+    assert data == {
+        "type": "self_composed",
+        "count": 100,
+        "event": {"type": "poisson_sampled", "sampling_probability": 0.01,
+                  "event": {"type": "gaussian", "noise_multiplier": 1.1}},
+    }
+    again = accounting.event_from_dict(json.loads(json.dumps(data)))
+    assert again == event
+    assert accounting.epsilon_from_event(again, delta=1e-5) == accounting.epsilon(
+        noise_multiplier=1.1, sample_rate=0.01, steps=100, delta=1e-5
+    )
+    composed = dp_accounting.ComposedDpEvent([event, dp_accounting.GaussianDpEvent(3.0)])
+    assert accounting.event_from_dict(json.loads(json.dumps(accounting.event_to_dict(composed)))) == composed
+
+
+def test_event_from_dict_rejects_junk():
+    with pytest.raises(InputError, match="unknown DP event type"):
+        accounting.event_from_dict({"type": "magic"})
+    with pytest.raises(InputError, match="unknown fields"):
+        accounting.event_from_dict({"type": "gaussian", "noise_multiplier": 1.0, "extra": 1})
+    with pytest.raises(InputError):
+        accounting.event_from_dict({"noise_multiplier": 1.0})
+
+
+def test_record_recomputation(tmp_path):
+    event = accounting.make_event(noise_multiplier=1.0, sample_rate=0.1, steps=20)
+    record = {"event": accounting.event_to_dict(event), "delta": 1e-5, "accountant": "rdp", "epsilon": 123.0}
+    (tmp_path / "dp_event.json").write_text(json.dumps(record))
+    expected = accounting.epsilon(noise_multiplier=1.0, sample_rate=0.1, steps=20, delta=1e-5, method="rdp")
+    assert accounting.epsilon_from_record(tmp_path) == pytest.approx(expected)  # not the logged 123
+    assert accounting.epsilon_from_record(record, method="pld") < expected
+    nonprivate = {"event": {"type": "non_private"}, "delta": None}
+    assert accounting.epsilon_from_record(nonprivate) == math.inf
+    with pytest.raises(InputError, match="no DP event record"):
+        accounting.read_record(tmp_path / "missing")
+
+
+def test_default_delta_and_warning():
+    assert accounting.default_delta(60000) == pytest.approx(1e-6)
+    assert accounting.default_delta(40) == pytest.approx(1e-3)
+    assert accounting.default_delta(100) == pytest.approx(1e-3)
+    for n in (1, 7, 40, 999, 12345, 10**7):
+        assert accounting.default_delta(n) <= 1 / (10 * n)
+        assert accounting.default_delta(n) > 1 / (100 * n)
+    with pytest.warns(UserWarning, match="1/N"):
+        accounting.check_delta(0.05, 20)
+    assert accounting.check_delta(1e-4, 20) == 1e-4
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(noise_multiplier=0.0), "sigma must be > 0"),
+        (dict(noise_multiplier=-1.0), "sigma must be > 0"),
+        (dict(sample_rate=0.0), r"q must be in \(0, 1\]"),
+        (dict(sample_rate=1.5), r"q must be in \(0, 1\]"),
+        (dict(delta=0.0), r"delta must be in \(0, 1\)"),
+        (dict(delta=1.0), r"delta must be in \(0, 1\)"),
+        (dict(steps=0), "steps must be a positive integer"),
+        (dict(method="prv"), "unknown accountant"),
+    ],
+)
+def test_bad_input(kwargs, message):
+    base = dict(noise_multiplier=1.0, sample_rate=0.1, steps=10, delta=1e-5)
+    with pytest.raises(InputError, match=message):
+        accounting.epsilon(**{**base, **kwargs})
+
+
+def test_unreachable_target_epsilon():
+    with pytest.raises(InputError, match="cannot be reached"):
+        accounting.noise_multiplier(target_epsilon=1e-4, sample_rate=1.0, steps=1000, delta=1e-5)
+    with pytest.raises(InputError, match="target epsilon"):
+        accounting.noise_multiplier(target_epsilon=0.0, sample_rate=0.1, steps=10, delta=1e-5)
+    with pytest.raises(InputError, match=r"q must be in"):
+        accounting.noise_multiplier(target_epsilon=1.0, sample_rate=2.0, steps=10, delta=1e-5)

@@ -1,0 +1,266 @@
+"""The training loop end to end: trainers, run directory, determinism, bad input."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from dpaudit import accounting
+from dpaudit.config import load_config
+from dpaudit.errors import InputError
+from dpaudit.train import dpsgd, nonprivate
+from dpaudit.train.loop import lr_factor, num_steps
+
+BASE = ["data.max_length=32", "train.eval_every=3", "train.steps=4"]
+
+
+def cfg(*overrides):
+    return load_config("tiny", overrides=[*BASE, *overrides])
+
+
+@pytest.fixture(scope="module")
+def data(make_dataset, tokenizer):
+    return make_dataset(tokenizer, 24, pad_to=32), make_dataset(tokenizer, 6, seed=9)
+
+
+def read_log(run_dir):
+    return [json.loads(line) for line in (run_dir / "train_log.jsonl").read_text().splitlines()]
+
+
+def params(model):
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def test_nonprivate_run_directory(tokenizer, data, tmp_path):
+    train, held_out = data
+    config = cfg("train.checkpoint_every=2", "train.schedule=cosine", "train.warmup_steps=1")
+    model = nonprivate(train, tokenizer, seed=0, config=config, run_dir=tmp_path, eval_dataset=held_out)
+    log = read_log(tmp_path)
+    assert [r["step"] for r in log] == [1, 2, 3, 4]
+    assert all(r["batch_size"] == 8 and math.isfinite(r["train_loss"]) for r in log)
+    assert {"heldout_loss", "heldout_perplexity", "train_eval_loss", "train_perplexity"} <= set(log[2]) & set(log[3])
+    assert "heldout_loss" not in log[0]
+    assert log[3]["heldout_perplexity"] == pytest.approx(math.exp(log[3]["heldout_loss"]))
+    assert [r["lr"] for r in log] == pytest.approx([0.003 * lr_factor(s, schedule="cosine", warmup_steps=1, total_steps=4)
+                                                    for s in range(4)])
+    event = json.loads((tmp_path / "dp_event.json").read_text())
+    assert event["event"] == {"type": "non_private"} and event["epsilon"] is None
+    assert accounting.epsilon_from_record(tmp_path) == math.inf
+    checks = json.loads((tmp_path / "train_checks.json").read_text())
+    assert checks["ok"] and checks["parameters"]["all_moved"]
+    assert checks["batch_size"]["mean"] == 8 and checks["batch_size"]["consistent"] is None
+    for step in (2, 4):
+        saved = tmp_path / "checkpoints" / f"step-{step}"
+        assert (saved / "config.json").exists() and (saved / "model.safetensors").exists()
+        assert (saved / "tokenizer.json").exists()
+    assert not list(tmp_path.glob("**/*.tmp"))
+    assert isinstance(model, torch.nn.Module)
+
+
+def test_dpsgd_run_directory(tokenizer, data, tmp_path):
+    train, held_out = data
+    config = cfg("train.dp.noise_multiplier=1.5", "train.dp.max_grad_norm=0.5", "train.dp.delta=0.0001")
+    dpsgd(train, tokenizer, seed=0, config=config, run_dir=tmp_path, eval_dataset=held_out)
+    record = json.loads((tmp_path / "dp_event.json").read_text())
+    assert record["trainer"] == "dpaudit.train:dpsgd"
+    assert record["sample_rate"] == pytest.approx(8 / 24)
+    assert record["num_units"] == 24 and record["unit"] == "example" and record["steps"] == 4
+    assert record["noise_multiplier"] == 1.5 and record["max_grad_norm"] == 0.5 and record["delta"] == 1e-4
+    assert record["expected_batch_size"] == 8 and record["accountant"] == "pld"
+    assert record["epsilon"] == pytest.approx(
+        accounting.epsilon(noise_multiplier=1.5, sample_rate=8 / 24, steps=4, delta=1e-4)
+    )
+    assert accounting.epsilon_from_record(tmp_path) == pytest.approx(record["epsilon"])
+    checks = json.loads((tmp_path / "train_checks.json").read_text())
+    assert checks["ok"], checks
+    assert checks["sampler"] == "poisson"
+    assert checks["batch_size"]["expected_mean"] == pytest.approx(8)
+    assert checks["non_finite"] == {"updates": 0, "unit_gradients": 0, "losses": 0}
+    log = read_log(tmp_path)
+    assert all("clipped_fraction" in r for r in log)
+
+
+def test_user_level_counts_users(make_dataset, tokenizer, tmp_path):
+    train = make_dataset(tokenizer, 30, users=10)
+    config = cfg("train.dp.target_epsilon=6", "train.dp.unit=user", "train.batch_size=4", "train.microbatch_size=4")
+    dpsgd(train, tokenizer, seed=0, config=config, run_dir=tmp_path)
+    record = json.loads((tmp_path / "dp_event.json").read_text())
+    users = len(set(train["unit_id"]))
+    assert record["unit"] == "user" and record["num_units"] == users
+    assert record["sample_rate"] == pytest.approx(4 / users)
+    assert record["delta"] == accounting.default_delta(users)
+    assert record["target_epsilon"] == 6 and record["epsilon"] <= 6 and record["epsilon"] > 5.99
+    log = read_log(tmp_path)
+    assert any(r["examples"] > r["batch_size"] for r in log)  # users have several rows
+
+
+def test_deterministic_given_seed(tokenizer, data):
+    train, _ = data
+    config = cfg("train.dp.noise_multiplier=1.0")
+    a = params(dpsgd(train, tokenizer, seed=3, config=config))
+    b = params(dpsgd(train, tokenizer, seed=3, config=config))
+    c = params(dpsgd(train, tokenizer, seed=4, config=config))
+    assert all(torch.equal(a[n], b[n]) for n in a)
+    assert any(not torch.equal(a[n], c[n]) for n in a)
+    d = params(nonprivate(train, tokenizer, seed=3, config=cfg()))
+    e = params(nonprivate(train, tokenizer, seed=3, config=cfg()))
+    assert all(torch.equal(d[n], e[n]) for n in d)
+
+
+def test_training_does_not_touch_global_rng(tokenizer, data):
+    train, _ = data
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    dpsgd(train, tokenizer, seed=0, config=cfg("train.dp.noise_multiplier=1.0", "train.steps=1"))
+    assert torch.equal(torch.rand(3), expected)
+
+
+def test_plugin_contract_without_config(tokenizer, data):
+    train, _ = data
+    model = dpsgd(train.select(range(16)), tokenizer, seed=0)
+    assert model.config.vocab_size >= len(tokenizer)
+    model = nonprivate(train.select(range(16)), tokenizer, seed=0)
+    assert model.config.model_type == "gpt2"
+
+
+def test_nonprivate_learns(tokenizer, data):
+    train, held_out = data
+    config = cfg("train.steps=30", "train.eval_every=30", "train.lr=0.01")
+    model = nonprivate(train, tokenizer, seed=0, config=config)
+    from dpaudit.train.loop import evaluate, prepare_sequences
+
+    loss, _ = evaluate(model, prepare_sequences(train, max_length=32, pad_id=tokenizer.pad_token_id),
+                       batch_size=8, pad_id=tokenizer.pad_token_id, device=torch.device("cpu"))
+    assert loss < math.log(len(tokenizer)) - 1.0
+
+
+def test_lora_trains_only_adapters(tokenizer, data, tmp_path):
+    train, _ = data
+    config = cfg("model.lora.enabled=true", "model.lora.r=2", "train.dp.noise_multiplier=1.0", "train.steps=2")
+    model = dpsgd(train, tokenizer, seed=0, config=config, run_dir=tmp_path)
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n in trainable)
+    checks = json.loads((tmp_path / "train_checks.json").read_text())
+    assert checks["parameters"]["num_trainable"] == len(trainable) and checks["parameters"]["all_moved"]
+    from dpaudit.models import make_model
+    from dpaudit.train.sampling import RunSeeds
+
+    fresh = dict(make_model(config.model, tokenizer, seed=RunSeeds.from_seed(0).model).named_parameters())
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            assert torch.equal(p, fresh[name]), name
+
+
+def test_other_architecture_as_base_model(tokenizer, data, tmp_path):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    base = LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
+                                        num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                                        max_position_embeddings=64, bos_token_id=tokenizer.eos_token_id,
+                                        eos_token_id=tokenizer.eos_token_id))
+    base.save_pretrained(tmp_path / "base")
+    train, held_out = data
+    config = cfg(f"model.base_model={tmp_path / 'base'}", "train.dp.noise_multiplier=1.0", "train.steps=2")
+    model = dpsgd(train, tokenizer, seed=0, config=config, run_dir=tmp_path / "run", eval_dataset=held_out)
+    assert model.config.model_type == "llama"
+    assert model.config._attn_implementation != "eager" or base.config._attn_implementation == "eager"
+    assert json.loads((tmp_path / "run" / "train_checks.json").read_text())["ok"]
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ([], "exactly one of noise_multiplier and target_epsilon, got neither"),
+        (["train.dp.noise_multiplier=1.0", "train.dp.target_epsilon=2.0"], "got both"),
+        (["train.dp.noise_multiplier=1.0", "train.batch_size=30"], r"q = batch_size / N .* must be in \(0, 1\]"),
+        (["train.dp.target_epsilon=0.001", "train.steps=5000", "train.dp.delta=0.00000001"], "cannot be reached"),
+    ],
+)
+def test_bad_dp_config(tokenizer, data, overrides, message):
+    train, _ = data
+    with pytest.raises(InputError, match=message):
+        dpsgd(train, tokenizer, seed=0, config=cfg(*overrides))
+
+
+def test_config_level_bad_input():
+    with pytest.raises(InputError, match="noise_multiplier must be > 0"):
+        cfg("train.dp.noise_multiplier=0")
+    with pytest.raises(InputError, match="delta must be in"):
+        cfg("train.dp.noise_multiplier=1.0", "train.dp.delta=1.5")
+
+
+def test_plan_rejects_bad_values_that_bypass_config():
+    from dpaudit.config import DPConfig
+    from dpaudit.train.loop import plan_privacy
+
+    with pytest.raises(InputError, match="must be > 0"):
+        plan_privacy(DPConfig(noise_multiplier=-1.0), batch_size=4, num_units=10, steps=5)
+    with pytest.raises(InputError, match=r"delta must be in \(0, 1\)"):
+        plan_privacy(DPConfig(noise_multiplier=1.0, delta=0.0), batch_size=4, num_units=10, steps=5)
+
+
+def test_user_unit_needs_unit_column(tokenizer, data):
+    train, _ = data
+    with pytest.raises(InputError, match="no unit_id column"):
+        dpsgd(train.remove_columns("unit_id"), tokenizer, seed=0,
+              config=cfg("train.dp.noise_multiplier=1.0", "train.dp.unit=user"))
+
+
+def test_large_delta_warns(tokenizer, data):
+    train, _ = data
+    with pytest.warns(UserWarning, match="delta"):
+        dpsgd(train, tokenizer, seed=0, config=cfg("train.dp.noise_multiplier=1.0", "train.dp.delta=0.1", "train.steps=1"))
+
+
+def test_num_steps_and_schedule():
+    config = load_config("tiny", overrides=["train.epochs=2.5", "train.batch_size=8"])
+    assert num_steps(config.train, 40) == 13  # ceil(2.5 * 40 / 8)
+    config = load_config("tiny", overrides=["train.steps=7"])
+    assert num_steps(config.train, 40) == 7
+    assert [lr_factor(s, schedule="linear", warmup_steps=2, total_steps=6) for s in range(6)] == pytest.approx(
+        [0.5, 1.0, 1.0, 0.75, 0.5, 0.25]
+    )
+    assert lr_factor(5, schedule="cosine", warmup_steps=0, total_steps=10) == pytest.approx(0.5)
+    assert lr_factor(9, schedule="constant", warmup_steps=0, total_steps=10) == 1.0
+
+
+def test_nonprivate_warns_when_dp_is_configured(tokenizer, data):
+    train, _ = data
+    with pytest.warns(UserWarning, match="not private"):
+        nonprivate(train, tokenizer, seed=0, config=cfg("train.dp.noise_multiplier=1.0", "train.steps=1"))
+
+
+def test_benchmark_script_runs(capsys):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_dpsgd.py"
+    spec = importlib.util.spec_from_file_location("bench_dpsgd", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.main(["--size", "tiny", "--vocab", "100", "--length", "12", "--batch", "3", "--rounds", "1",
+                       "--repeats", "1", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["dpsgd_over_nonprivate"] > 0
+    assert "dpsgd_over_opacus" in result or "opacus" not in result["seconds_per_step"]
+    torch.set_num_threads(1)
+
+
+@pytest.mark.slow
+def test_demo_sized_dpsgd_user_level(make_dataset, tokenizer, tmp_path):
+    train = make_dataset(tokenizer, 200, users=50, max_length=128)
+    config = load_config("demo", overrides=["train.trainer=dpaudit.train:dpsgd", "train.dp.target_epsilon=8",
+                                            "train.dp.unit=user", "train.epochs=2", "train.eval_every=10"])
+    dpsgd(train, tokenizer, seed=0, config=config, run_dir=tmp_path, eval_dataset=make_dataset(tokenizer, 20, seed=3))
+    checks = json.loads((tmp_path / "train_checks.json").read_text())
+    assert checks["ok"], checks
+    record = json.loads((tmp_path / "dp_event.json").read_text())
+    assert record["num_units"] == 50 and record["epsilon"] <= 8
