@@ -81,7 +81,7 @@ class DPConfig:
     noise_multiplier: float | None = None
     target_epsilon: float | None = None
     max_grad_norm: float = 1.0
-    delta: float | None = None  # None: 1 / (10 N) with N protected units
+    delta: float | None = None  # None: 1 / (10 N), N protected units, rounded down to a power of ten
     unit: Literal["example", "user"] = "example"
     accountant: Literal["pld", "rdp"] = "pld"
 
@@ -243,6 +243,11 @@ def _coerce(hint: Any, value: Any, path: str) -> Any:
             raise InputError(f"config key {path} must be an integer, got {value!r}")
         return value
     if hint is float:
+        if isinstance(value, str):  # YAML 1.1 reads 1e-5 (no dot) as a string
+            try:
+                value = float(value)
+            except ValueError:
+                pass
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise InputError(f"config key {path} must be a number, got {value!r}")
         return float(value)

@@ -7,8 +7,9 @@
 
       exposure = log2 |R| - log2 rank(r)
 
-  between 0 (the secret looks no likelier than a random candidate... on average ~1 bit)
-  and ``log2 |R|`` (the secret is the model's first choice). When ``R`` is too large to
+  between 0 (the secret is the least likely candidate) and ``log2 |R|`` (it is the
+  model's first choice); a model that has not learnt the secret gives about 1 bit (the
+  expected rank of a random candidate is about ``|R| / 2``). When ``R`` is too large to
   enumerate, the rank is estimated from a sample of candidates: by counting
   (``method="rank"``), or by fitting a skew-normal distribution to the sampled
   log-likelihoods and reading the canary's tail probability from it

@@ -338,7 +338,7 @@ def _batch_stats(logits: torch.Tensor, input_ids: torch.Tensor, lengths: np.ndar
     """
     bsz, seq, vocab = logits.shape
     dev = logits.device
-    flat = logits.view(bsz * seq, vocab)
+    flat = logits.reshape(bsz * seq, vocab)  # a view when contiguous (the usual case)
     target = torch.zeros((bsz, seq), dtype=torch.long, device=dev)
     target[:, :-1] = input_ids[:, 1:]
     target = target.view(-1)  # the last position of a text has no target: computed, then masked
@@ -366,7 +366,7 @@ def _batch_stats(logits: torch.Tensor, input_ids: torch.Tensor, lengths: np.ndar
 def _signals_from_ids(
     model, ids: list[list[int]], *, batch_size: int, device: torch.device, progress: bool, desc: str
 ) -> TokenSignals:
-    from tqdm.auto import tqdm
+    from tqdm import tqdm  # plain: always stderr, also inside notebooks
 
     n = len(ids)
     lengths = np.fromiter((len(x) for x in ids), dtype=np.int64, count=n)
