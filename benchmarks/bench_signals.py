@@ -11,7 +11,13 @@ sorting, padding, the per-token statistics and copying the results to NumPy. The
 breakdown lines time those extra parts alone.
 
     python benchmarks/bench_signals.py                 # default: GPT-2 style, 4 x 256, vocab 8000
+    python benchmarks/bench_signals.py --threads 1     # steadiest figure on a shared machine
     python benchmarks/bench_signals.py --reps 7 --device cuda
+
+It prints three ratios: of the median wall times (the figure on an idle machine), of the
+fastest runs, and of the median CPU times. With several intra-op threads on a machine
+whose cores other processes also use, every parallel region can stall on a descheduled
+thread, and runs swing by 5x; there the single-thread CPU-time ratio is the one to trust.
 
 Nothing is downloaded: the model is built from a config with random weights and the
 tokenizer is a word-level one over the words w0..w{vocab-1}, so every text is exactly
