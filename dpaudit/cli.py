@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 from datetime import datetime
 from pathlib import Path
@@ -102,9 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, stream=sys.stderr,
                         format="%(levelname)s %(name)s: %(message)s")
     logging.captureWarnings(True)
-    # the libraries' own bars (tokenizing, shard writing) are noise beside dpaudit's bars
-    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    if args.command != "accountant":
+        _quiet_libraries()
     try:
         return args.handler(args)
     except InputError as err:
@@ -113,6 +111,15 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"dpaudit {args.command}: interrupted", file=sys.stderr)
         return 130
+
+
+def _quiet_libraries() -> None:
+    """The libraries' own bars (tokenizing, shard writing) are noise beside dpaudit's bars."""
+    import datasets
+    import transformers
+
+    datasets.disable_progress_bars()
+    transformers.utils.logging.disable_progress_bar()
 
 
 def _emit(args: argparse.Namespace, obj: dict, text: str) -> None:

@@ -145,8 +145,11 @@ def attack_run(run_dir: str | Path, *, attacks: Sequence[str] | None = None, pro
     kw = dict(batch_size=config.attack.batch_size, max_length=config.data.max_length,
               device=config.train.device, progress=progress)
     tokenizer = load_tokenizer(run_dir / "model")
-    target = cached_signals(run_dir, "target", load_model(run_dir / "model"), tokenizer, texts,
-                            model_id=_model_id(run_dir / "model"), **kw)
+    model = load_model(run_dir / "model")
+    target = cached_signals(run_dir, "target", model, tokenizer, texts, model_id=_model_id(run_dir / "model"), **kw)
+    if canaries:
+        write_extraction(run_dir, model, tokenizer, canaries, batch_size=kw["batch_size"], device=kw["device"])
+    del model
     references, keep = [], None
     if config.fleet.num_models > 0:
         keep, ref_dirs = _fleet(run_dir, config, candidates, canaries, tokenizer)
@@ -166,6 +169,25 @@ def attack_run(run_dir: str | Path, *, attacks: Sequence[str] | None = None, pro
                                           "canaries": (s[n_records:], canary_labels, canary)})
         summary[name] = records
     return summary
+
+
+def write_extraction(run_dir: Path, model, tokenizer, canaries: list[dict], *, batch_size: int, device: str) -> None:
+    """``extraction.json``: does greedy decoding from each canary's prefix emit its secret
+    (k-extractability, Carlini et al. 2023)? Reported for included and excluded canaries."""
+    from dpaudit.extraction import greedy_extracted
+
+    extracted = greedy_extracted(model, tokenizer, prefixes=[c["prefix"] for c in canaries],
+                                 targets=[c["secret"] for c in canaries], batch_size=batch_size, device=device)
+    included = np.array([c["included"] for c in canaries], dtype=bool)
+    write_json_atomic(run_dir / "extraction.json", {
+        "schema_version": 1,
+        "method": "greedy decoding from the canary prefix",
+        "included_extracted": int(extracted[included].sum()),
+        "included_total": int(included.sum()),
+        "excluded_extracted": int(extracted[~included].sum()),
+        "excluded_total": int((~included).sum()),
+        "canaries": {c["id"]: {"extracted": bool(e)} for c, e in zip(canaries, extracted)},
+    })
 
 
 def _fleet(run_dir: Path, config, candidates: list[dict], canaries: list[dict], tokenizer):

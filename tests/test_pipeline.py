@@ -1,0 +1,88 @@
+"""`dpaudit run`, `attack`, `report` and `audit-model` end to end on the tiny preset."""
+
+import json
+
+import numpy as np
+import pytest
+
+from dpaudit.cli import main
+
+ATTACKS = {"loss", "zlib", "min_k", "min_k_pp", "reference", "lira_online", "lira_offline", "rmia"}
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("runs") / "tiny"
+    code = main(["run", "--config", "tiny", "--out", str(out), "--set", "fleet.num_models=2", "--json"])
+    assert code == 0
+    return out
+
+
+def test_run_writes_results_for_every_attack(tiny_run):
+    assert {p.stem for p in (tiny_run / "results").glob("*.json")} == ATTACKS
+    result = json.loads((tiny_run / "results" / "loss.json").read_text())
+    assert set(result["splits"]) == {"members", "canaries"}
+    canaries = result["splits"]["canaries"]
+    assert {"one_run", "one_run_fdp", "gdp"} <= set(canaries["epsilon_lower_bounds"])
+    assert canaries["tpr_at_fpr"]["0.01"] is None  # 8 excluded canaries are far too few for 1% FPR
+    arrays = np.load(tiny_run / "results" / "loss.npz")
+    assert arrays["members_scores"].shape == arrays["members_labels"].shape
+    assert (tiny_run / "fleet" / "keep.npz").is_file()
+    assert len(list((tiny_run / "signals").glob("*.npz"))) == 3  # target and two reference models
+    extraction = json.loads((tiny_run / "extraction.json").read_text())
+    assert extraction["included_total"] + extraction["excluded_total"] == 16
+
+
+def test_report_is_complete_and_hides_texts(tiny_run):
+    report = json.loads((tiny_run / "report.json").read_text())
+    assert report["schema_version"] == 1
+    assert set(report["attacks"]) == ATTACKS
+    assert report["verdict"] is None  # non-private: nothing to be consistent with
+    html = (tiny_run / "report.html").read_text()
+    canary = json.loads((tiny_run / "canaries.json").read_text())["canaries"][0]
+    assert canary["id"] in html and canary["text"] not in html
+    assert "http://" not in html and "https://" not in html
+
+
+def test_attack_subset_and_report_rebuild(tiny_run, capsys):
+    assert main(["attack", str(tiny_run), "--attacks", "loss,min_k", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out["attacks"]) == {"loss", "min_k"}
+    assert main(["report", str(tiny_run), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert set(report["attacks"]) == ATTACKS
+    assert main(["attack", str(tiny_run), "--attacks", "nonsense"]) == 2
+
+
+def test_audit_model_with_reference(tiny_run, tmp_path, capsys):
+    rows = [json.loads(line) for line in (tiny_run / "candidates.jsonl").read_text().splitlines()]
+    members = tmp_path / "members.jsonl"
+    members.write_text("".join(json.dumps({"text": r["text"]}) + "\n" for r in rows if r["role"] == "member"))
+    nonmembers = tmp_path / "nonmembers.txt"
+    nonmembers.write_text("".join(r["text"].replace("\n", " ") + "\n" for r in rows if r["role"] == "heldout"))
+    out = tmp_path / "audit"
+    code = main(["audit-model", str(tiny_run / "model"), "--members", str(members), "--nonmembers", str(nonmembers),
+                 "--reference-model", str(tiny_run / "fleet" / "model-000"), "--out", str(out), "--json"])
+    assert code == 0
+    result = json.loads(capsys.readouterr().out)
+    assert {"loss", "zlib", "min_k", "min_k_pp", "reference", "lira_offline", "rmia"} <= set(result["attacks"])
+    assert "lira_online" not in result["attacks"]  # needs reference models trained on the members
+    for metrics in result["attacks"].values():
+        assert 0.0 <= metrics["auc"] <= 1.0
+        assert set(metrics["tpr_at_fpr"]) == {"0.1", "0.01", "0.001"}
+    assert (out / "report.html").is_file() and (out / "report.json").is_file()
+    first_member = rows[0]["text"] if rows[0]["role"] == "member" else next(r["text"] for r in rows if r["role"] == "member")
+    assert first_member not in (out / "report.html").read_text()
+
+
+def test_audit_model_bad_input(tiny_run, tmp_path, capsys):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    members = tmp_path / "m.txt"
+    members.write_text("one text\n")
+    assert main(["audit-model", str(tmp_path), "--members", str(members), "--nonmembers", str(members)]) == 2
+    assert main(["audit-model", str(tiny_run / "model"), "--members", str(empty), "--nonmembers", str(members)]) == 2
+    assert main(["audit-model", str(tiny_run / "model"), "--members", str(tmp_path / "missing.jsonl"),
+                 "--nonmembers", str(members)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.count("error:") == 3
