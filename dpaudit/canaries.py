@@ -50,6 +50,7 @@ import numpy as np
 import yaml
 
 from dpaudit.errors import InputError
+from dpaudit.rundir import write_json_atomic
 
 __all__ = [
     "KINDS",
@@ -451,10 +452,7 @@ def save_canaries(canaries: list[Canary], path: str | os.PathLike, *, spec: dict
         payload["secret_space_size"] = str(secret_space_size(spec))  # may exceed 2^53
     payload["canaries"] = [c.to_dict() for c in canaries]
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(payload, indent=1) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    write_json_atomic(path, payload)
     return path
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from dpaudit.errors import InputError
-from dpaudit.rundir import check_run_dir, manifest, read_json, write_json_atomic
+from dpaudit.rundir import check_run_dir, manifest, read_json, write_json_atomic, write_npz_atomic
 
 log = logging.getLogger(__name__)
 
@@ -116,9 +116,7 @@ def write_results(out: Path, name: str, params: dict, splits: dict[str, tuple[np
     for split, (scores, labels, _) in splits.items():
         arrays[f"{split}_scores"] = np.asarray(scores, dtype=np.float64)
         arrays[f"{split}_labels"] = np.asarray(labels, dtype=bool)
-    tmp = results / f".{name}.npz.tmp.npz"
-    np.savez(tmp, **arrays)
-    tmp.replace(results / f"{name}.npz")
+    write_npz_atomic(results / f"{name}.npz", **arrays)
 
 
 # --------------------------------------------------------------------------- stages

@@ -44,6 +44,7 @@ import numpy as np
 
 from dpaudit.config import Config, load_config
 from dpaudit.errors import InputError
+from dpaudit.rundir import write_npz_atomic, write_text_atomic
 
 SCHEMA_VERSION = 1
 REQUIRED_COLUMNS = ("text", "input_ids", "attention_mask", "unit_id")
@@ -264,7 +265,7 @@ def run_job(fleet_dir: str, index: int, threads: int | None = None) -> dict[str,
             "trainer": config.train.trainer,
             "wall_time_s": round(time.perf_counter() - start, 3),
         }
-        _write_text(tmp / JOB_FILE, json.dumps(record, indent=2) + "\n")
+        write_text_atomic(tmp / JOB_FILE, json.dumps(record, indent=2) + "\n")
         try:
             tmp.rename(final)
         except OSError:
@@ -405,12 +406,6 @@ def _is_complete(model_dir: Path) -> bool:
     return (model_dir / JOB_FILE).is_file()
 
 
-def _write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f"{TMP_PREFIX}{path.name}-{uuid.uuid4().hex[:8]}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def _read_keep(path: Path) -> dict[str, np.ndarray]:
     try:
         with np.load(path, allow_pickle=False) as data:
@@ -420,7 +415,7 @@ def _read_keep(path: Path) -> dict[str, np.ndarray]:
 
 
 def _write_inputs(fleet_dir, candidates, tokenizer, config, keep, unit_ids, identity) -> None:
-    _write_text(fleet_dir / CONFIG_FILE, config.to_yaml())
+    write_text_atomic(fleet_dir / CONFIG_FILE, config.to_yaml())
     for name, save in (
         ("tokenizer", lambda d: tokenizer.save_pretrained(str(d))),
         ("candidates", lambda d: candidates.save_to_disk(str(d))),
@@ -429,17 +424,14 @@ def _write_inputs(fleet_dir, candidates, tokenizer, config, keep, unit_ids, iden
         save(tmp)
         shutil.rmtree(fleet_dir / name, ignore_errors=True)
         tmp.rename(fleet_dir / name)
-    tmp = fleet_dir / f"{TMP_PREFIX}{KEEP_FILE}"
-    with open(tmp, "wb") as fh:
-        np.savez(
-            fh,
-            keep=keep,
-            unit_ids=unit_ids,
-            seed=np.int64(config.seed),
-            schema_version=np.int64(SCHEMA_VERSION),
-            **{k: np.asarray(v) for k, v in identity.items()},
-        )
-    os.replace(tmp, fleet_dir / KEEP_FILE)
+    write_npz_atomic(
+        fleet_dir / KEEP_FILE,
+        keep=keep,
+        unit_ids=unit_ids,
+        seed=np.int64(config.seed),
+        schema_version=np.int64(SCHEMA_VERSION),
+        **{k: np.asarray(v) for k, v in identity.items()},
+    )
 
 
 def _check_same_fleet(fleet_dir: Path, keep, unit_ids, config: Config, identity: dict[str, str]) -> None:

@@ -46,6 +46,23 @@ def write_json_atomic(path: str | Path, obj: Any) -> None:
     write_text_atomic(path, json.dumps(obj, indent=2, allow_nan=False) + "\n")
 
 
+def write_npz_atomic(path: str | Path, **arrays: Any) -> None:
+    """``np.savez`` (no pickle) through a temporary file in the same directory."""
+    import numpy as np
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, **arrays)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
 def read_json(path: str | Path) -> Any:
     path = Path(path)
     if not path.is_file():

@@ -28,7 +28,6 @@ import hashlib
 import os
 import re
 import sys
-import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +37,7 @@ import numpy as np
 import torch
 
 from dpaudit.errors import InputError
+from dpaudit.rundir import write_npz_atomic
 
 __all__ = [
     "TokenSignals",
@@ -183,7 +183,7 @@ class TokenSignals:
     def save(self, path: str | os.PathLike) -> Path:
         """Write to ``path`` (an ``.npz`` made by ``np.savez``), atomically; returns the path."""
         path = Path(path)
-        _atomic_savez(path, self._arrays())
+        write_npz_atomic(path, **self._arrays())
         return path
 
     @classmethod
@@ -193,20 +193,6 @@ class TokenSignals:
         return signals
 
 
-def _atomic_savez(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    """``np.savez`` to a temp file in the same directory, then ``os.replace``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            np.savez(fh, **arrays)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
 
 
 def _load_npz(path: Path) -> tuple[TokenSignals, str | None]:
@@ -563,5 +549,5 @@ def cached_signals(
     )
     arrays = signals._arrays()
     arrays["fingerprint"] = np.asarray(fingerprint)
-    _atomic_savez(path, arrays)
+    write_npz_atomic(path, **arrays)
     return signals

@@ -56,5 +56,5 @@ class ReferenceAttack(Attack):
         _, ref = fill_missing_means(stats, self.name, need_in=False)
         if self.mode == "difference":
             return target - ref
-        # ratio of losses; losses are positive (log-probs are <= 0)
-        return -(-target) / np.maximum(-ref, 1e-12)
+        # minus the ratio of losses (a loss is minus a mean log-prob, so it is positive)
+        return target / np.maximum(-ref, 1e-12)

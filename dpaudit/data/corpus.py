@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from dpaudit.errors import InputError
+from dpaudit.rundir import write_json_atomic
 
 __all__ = [
     "SPLIT_SCHEMA_VERSION",
@@ -289,12 +290,7 @@ def apply_split(dataset, split: dict):
 def save_split(split: dict, path: str | os.PathLike) -> Path:
     """Write a split (from :func:`split_by_unit`) as JSON, atomically (temp file, rename)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump({"schema_version": SPLIT_SCHEMA_VERSION, **split}, fh, indent=1)
-        fh.write("\n")
-    os.replace(tmp, path)
+    write_json_atomic(path, {"schema_version": SPLIT_SCHEMA_VERSION, **split})
     return path
 
 

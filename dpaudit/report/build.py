@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from dpaudit.errors import InputError
+from dpaudit.rundir import write_text_atomic
 
 SCHEMA_VERSION = 1
 REPORT_FPRS = (0.1, 0.01, 0.001)
@@ -84,12 +85,6 @@ def write_json_atomic(path: str | Path, obj: Any) -> None:
     from dpaudit.rundir import write_json_atomic as _write
 
     _write(path, _jsonable(obj))
-
-
-def _write_text_atomic(path: Path, text: str) -> None:
-    from dpaudit.rundir import write_text_atomic
-
-    write_text_atomic(path, text)
 
 
 def _read_json(path: Path) -> Any:
@@ -778,7 +773,7 @@ def build_report(run_dir: str | Path, *, include_texts: bool = False, title: str
             "config_text": _yaml_text(config),
         }
     )
-    _write_text_atomic(run_dir / "report.html", html)
+    write_text_atomic(run_dir / "report.html", html)
     write_json_atomic(run_dir / "report.json", report)
     return report
 

@@ -58,6 +58,7 @@ from tqdm.auto import tqdm
 from dpaudit import accounting
 from dpaudit.config import Config, DPConfig, TrainConfig, load_config, validate
 from dpaudit.errors import InputError
+from dpaudit.rundir import write_json_atomic
 from dpaudit.train import checks
 from dpaudit.train.engine import (
     DPSGDEngine,
@@ -312,13 +313,6 @@ def evaluate(
 # --------------------------------------------------------------------------- files
 
 
-def write_json(path: Path, data: Any) -> None:
-    """Write JSON to a temporary name, then rename: readers never see half a file."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, allow_nan=False) + "\n")
-    os.replace(tmp, path)
-
-
 def save_checkpoint(model, tokenizer, directory: Path) -> None:
     tmp = directory.with_name(directory.name + ".tmp")
     if tmp.exists():
@@ -519,8 +513,8 @@ def _loop(*, model, tokenizer, engine, spec, train, data, steps, plan, seeds, de
         sampler="poisson" if spec.private else spec.sampler,
     )
     summary["seeds"] = seeds.to_dict()
-    write_json(out / "train_checks.json", summary)
-    write_json(out / "dp_event.json", dp_record(spec, plan, num_units=data.num_units, steps=steps, batch_size=train.batch_size))
+    write_json_atomic(out / "train_checks.json", summary)
+    write_json_atomic(out / "dp_event.json", dp_record(spec, plan, num_units=data.num_units, steps=steps, batch_size=train.batch_size))
 
 
 def dp_record(spec: TrainerSpec, plan: PrivacyPlan | None, *, num_units: int, steps: int, batch_size: int) -> dict:
