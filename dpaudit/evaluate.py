@@ -22,6 +22,7 @@ log = logging.getLogger(__name__)
 
 FPRS = (0.1, 0.01, 0.001)
 DEFAULT_DELTA = 1e-5  # for canary bounds of a non-private run, where no delta was chosen
+SIGNIFICANCE = 0.05  # of the largest bound over all attacks (Bonferroni over the attacks)
 
 
 # --------------------------------------------------------------------------- inputs
@@ -74,9 +75,11 @@ def run_attacks(inputs, *, names: Sequence[str] | None) -> dict[str, np.ndarray]
     return scores
 
 
-def split_metrics(scores: np.ndarray, labels: np.ndarray, *, bounds_delta: float | None, seed: int) -> dict[str, Any]:
+def split_metrics(
+    scores: np.ndarray, labels: np.ndarray, *, bounds_delta: float | None, seed: int, significance: float = SIGNIFICANCE
+) -> dict[str, Any]:
     """AUC (with a bootstrap interval), TPR at FPR, balanced accuracy; with ``bounds_delta``
-    also the empirical epsilon lower bounds of canary audits."""
+    also the empirical epsilon lower bounds of canary audits at ``significance``."""
     from dpaudit.audit import CanaryScores
 
     labels = np.asarray(labels, dtype=bool)
@@ -92,9 +95,9 @@ def split_metrics(scores: np.ndarray, labels: np.ndarray, *, bounds_delta: float
     }
     if bounds_delta is not None:
         out["epsilon_lower_bounds"] = {
-            "one_run": cs.epsilon_one_run(delta=bounds_delta).to_dict(),
-            "one_run_fdp": cs.epsilon_one_run_fdp(delta=bounds_delta).to_dict(),
-            "gdp": cs.epsilon_gdp(delta=bounds_delta).to_dict(),
+            "one_run": cs.epsilon_one_run(delta=bounds_delta, significance=significance).to_dict(),
+            "one_run_fdp": cs.epsilon_one_run_fdp(delta=bounds_delta, significance=significance).to_dict(),
+            "gdp": cs.epsilon_gdp(delta=bounds_delta, significance=significance).to_dict(),
         }
     return out
 
@@ -159,10 +162,12 @@ def attack_run(run_dir: str | Path, *, attacks: Sequence[str] | None = None, pro
     scores = run_attacks(inputs, names=attacks)
 
     delta = _run_delta(run_dir)
+    significance = SIGNIFICANCE / len(scores)  # the max over attacks holds at SIGNIFICANCE
     summary = {}
     for name, s in scores.items():
         records = split_metrics(s[:n_records], record_labels, bounds_delta=None, seed=config.seed)
-        canary = split_metrics(s[n_records:], canary_labels, bounds_delta=delta, seed=config.seed)
+        canary = split_metrics(s[n_records:], canary_labels, bounds_delta=delta, seed=config.seed,
+                               significance=significance)
         write_results(run_dir, name, {}, {"members": (s[:n_records], record_labels, records),
                                           "canaries": (s[n_records:], canary_labels, canary)})
         summary[name] = records

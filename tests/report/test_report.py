@@ -187,7 +187,7 @@ def test_report_json_contents(built):
     assert emp["best"]["epsilon"] == pytest.approx(1.3)
     assert len(emp["bounds"]) == 6
     assert "corrected" in emp["note"]
-    assert emp["joint_confidence"] == pytest.approx(1 - 6 * 0.05)
+    assert emp["joint_confidence"] == pytest.approx(1 - 3 * 0.05)  # the three assumption-free bounds
     assert report["verdict"] == "consistent"
     assert set(report["figures"]) == {"roc_members", "roc_canaries", "epsilon", "training"}
     assert report["training"]["last_step"] == 100
@@ -400,6 +400,17 @@ def test_single_split_attack_and_list_shaped_extraction(tmp_path, fake_accountin
     assert TEXT_MARKER not in html and "(canaries split)" in html
 
 
+def test_gaussian_assumption_bounds_do_not_decide_the_verdict(tmp_path, fake_accounting, no_figures):
+    run = make_run(tmp_path, bound_eps=(0.4, 1.0, 1.3))
+    path = run / "results" / "zlib.json"
+    d = json.loads(path.read_text())
+    d["splits"]["canaries"]["epsilon_lower_bounds"]["gdp"]["epsilon"] = 50.0
+    path.write_text(json.dumps(d))
+    report = build_report(run)
+    assert report["verdict"] == "consistent"
+    assert report["empirical_epsilon"]["best"]["method"] == "one_run"
+
+
 def test_dp_run_without_bounds_has_no_verdict(tmp_path, fake_accounting, no_figures):
     run = make_run(tmp_path)
     for path in (run / "results").glob("*.json"):
@@ -407,7 +418,7 @@ def test_dp_run_without_bounds_has_no_verdict(tmp_path, fake_accounting, no_figu
         d["splits"]["canaries"].pop("epsilon_lower_bounds")
         path.write_text(json.dumps(d))
     report = build_report(run)
-    assert report["verdict"] is None and "no empirical" in report["verdict_reason"]
+    assert report["verdict"] is None and "no assumption-free empirical" in report["verdict_reason"]
     assert report["empirical_epsilon"]["best"] is None
 
 
