@@ -116,7 +116,9 @@ class FleetConfig:
     num_models: int = 0
     executor: Literal["local", "ray"] = "local"
     address: str | None = None  # ray: "auto" or "host:port"; None starts a local instance
-    workers: int = 1
+    workers: int = 1  # local: processes at once
+    num_cpus: int | None = None  # ray: CPUs per model (None: cores / workers on a local instance, else 1)
+    num_gpus: float = 0.0  # ray: GPUs per model
 
 
 @dataclass

@@ -134,9 +134,8 @@ def train_fleet(
     left open). On a cluster, ``fleet_dir`` must be on a file system that every node shares, at the
     same path, and every node needs ``dpaudit`` installed; the directory of the trainer's
     module is put on the workers' ``PYTHONPATH``. Each task asks Ray for
-    ``config.fleet.num_cpus`` CPUs and ``config.fleet.num_gpus`` GPUs where the config has
-    those keys (else ``cpu_count // workers`` CPUs on a local instance, 1 CPU on a cluster,
-    and no GPU).
+    ``config.fleet.num_cpus`` CPUs (when None: ``cpu_count // workers`` on a local instance,
+    1 on a cluster) and ``config.fleet.num_gpus`` GPUs.
 
     Interrupted fleets resume: finished models are kept, temporary directories left by
     unfinished ones are removed and those models are trained again. If ``fleet_dir`` holds a
@@ -345,10 +344,10 @@ def _run_ray(
             ray.init(num_cpus=os.cpu_count() or 1, include_dashboard=False, log_to_driver=False)
         started_here = True
     try:
-        num_cpus = getattr(config.fleet, "num_cpus", None)
+        num_cpus = config.fleet.num_cpus
         if num_cpus is None:
             num_cpus = max(1, (os.cpu_count() or 1) // workers) if started_here and not address else 1
-        num_gpus = getattr(config.fleet, "num_gpus", None) or 0
+        num_gpus = config.fleet.num_gpus
         threads = max(1, int(num_cpus))
         options: dict[str, Any] = {"num_cpus": num_cpus, "num_gpus": num_gpus, "max_retries": 1}
         pythonpath = _trainer_import_roots(config.train.trainer)

@@ -44,3 +44,28 @@ def test_saved_model_loads_with_plain_transformers_and_generates(tiny_run):
 def test_existing_run_directory_is_refused(tiny_run, capsys):
     assert main(["train", "--config", "tiny", "--out", str(tiny_run)]) == 2
     assert "already exists" in capsys.readouterr().err
+
+
+def test_base_model_from_a_local_directory_with_lora(tmp_path):
+    """A local causal LM (here a saved tiny GPT-2 with its tokenizer) is fine-tuned with LoRA;
+    the merged result loads with plain transformers."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from dpaudit.data.tokenizer import train_tokenizer
+
+    base = tmp_path / "base"
+    tokenizer = train_tokenizer([f"note {i}: patient seen, plan follow up in {i % 7} days" for i in range(300)],
+                                vocab_size=300)
+    GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=len(tokenizer), n_positions=64)
+                    ).save_pretrained(base)
+    tokenizer.save_pretrained(base)
+    out = tmp_path / "run"
+    code = main(["train", "--config", "tiny", "--out", str(out), "--set", f"model.base_model={base}",
+                 "--set", "model.lora.enabled=true", "--set", "train.steps=3"])
+    assert code == 0
+    model = AutoModelForCausalLM.from_pretrained(out / "model")
+    tuned = AutoTokenizer.from_pretrained(out / "model")
+    assert len(tuned) > len(tokenizer)  # new-token canaries were added ...
+    assert model.get_input_embeddings().weight.shape[0] >= len(tuned)  # ... and the embedding grew
+    checks = json.loads((out / "train_checks.json").read_text())
+    assert checks["ok"]
