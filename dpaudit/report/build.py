@@ -206,6 +206,13 @@ def _load_results(run_dir: Path, warnings: list[str]) -> list[dict[str, Any]]:
     return [attacks[k] for k in sorted(attacks)]
 
 
+def _strategy_name(strategy: Any) -> str | None:
+    """``{"name": "bonferroni", ...}`` (as the audit package records it) or a plain name."""
+    if isinstance(strategy, Mapping):
+        return None if strategy.get("name") is None else str(strategy["name"])
+    return None if strategy is None else str(strategy)
+
+
 def _collect_bounds(results: list[dict[str, Any]], warnings: list[str]) -> list[dict[str, Any]]:
     bounds = []
     for r in results:
@@ -226,7 +233,7 @@ def _collect_bounds(results: list[dict[str, Any]], warnings: list[str]) -> list[
                         "epsilon": eps,
                         "delta": _num(b.get("delta")),
                         "significance": _num(b.get("significance")),
-                        "strategy": b.get("strategy"),
+                        "strategy": _strategy_name(b.get("strategy")),
                         "details": _jsonable(extra),
                         "accountant_epsilon": None,  # filled in by _verdict for DP runs
                         "exceeds_accountant": None,
