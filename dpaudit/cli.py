@@ -137,31 +137,33 @@ def cmd_train(args: argparse.Namespace) -> int:
     config = load_config(args.config, overrides=args.overrides)
     out = train_run(config, args.out, force=args.force, command=sys.argv)
     summary = _train_summary(out)
-    _emit(args, summary, f"trained {out} ({summary['wall_seconds']:.0f} s)")
+    _emit(args, summary, f"trained {out}: {summary['steps']} steps in {summary['training_seconds']:.0f} s, "
+                         f"held-out perplexity {summary['heldout_perplexity']}")
     return EXIT_OK
 
 
 def _train_summary(out: Path) -> dict:
+    """Steps, training time and the last held-out perplexity from ``train_log.jsonl``."""
     log_path = out / "train_log.jsonl"
     lines = [json.loads(x) for x in log_path.read_text().splitlines() if x.strip()] if log_path.exists() else []
     evals = [x for x in lines if "heldout_perplexity" in x]
-    summary = {"run_dir": str(out), "steps": lines[-1].get("step") if lines else 0,
-               "heldout_perplexity": evals[-1]["heldout_perplexity"] if evals else None}
-    summary["wall_seconds"] = lines[-1].get("elapsed_s", 0.0) if lines else 0.0
-    return summary
+    return {
+        "run_dir": str(out),
+        "steps": lines[-1].get("step", 0) if lines else 0,
+        "training_seconds": lines[-1].get("elapsed_s", 0.0) if lines else 0.0,
+        "heldout_perplexity": evals[-1]["heldout_perplexity"] if evals else None,
+    }
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     from dpaudit.config import load_config
-    from dpaudit.pipeline import train_run
-
-    config = load_config(args.config, overrides=args.overrides)
-    name = Path(args.config).stem
-    out = Path(args.out or f"runs/{name}-{datetime.now():%Y%m%d-%H%M%S}")
-    train_run(config, out, force=args.force, command=sys.argv)
     from dpaudit.evaluate import attack_run
+    from dpaudit.pipeline import train_run
     from dpaudit.report import build_report
 
+    config = load_config(args.config, overrides=args.overrides)
+    out = Path(args.out or f"runs/{Path(args.config).stem}-{datetime.now():%Y%m%d-%H%M%S}")
+    train_run(config, out, force=args.force, command=sys.argv)
     attack_run(out)
     report = build_report(out)
     return _finish_audit(args, out, report)

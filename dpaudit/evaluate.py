@@ -128,7 +128,7 @@ def write_results(out: Path, name: str, params: dict, splits: dict[str, tuple[np
 def attack_run(run_dir: str | Path, *, attacks: Sequence[str] | None = None, progress: bool = True) -> dict[str, Any]:
     """``dpaudit attack``: signals of the target (and reference fleet), then every attack,
     on member vs held-out records and on included vs excluded canaries."""
-    from dpaudit.attacks import AttackInputs
+    from dpaudit.attacks import AttackInputs, get_attack
     from dpaudit.config import load_config
     from dpaudit.data.tokenizer import load_tokenizer
     from dpaudit.models import load_model
@@ -166,10 +166,12 @@ def attack_run(run_dir: str | Path, *, attacks: Sequence[str] | None = None, pro
     summary = {}
     for name, s in scores.items():
         records = split_metrics(s[:n_records], record_labels, bounds_delta=None, seed=config.seed)
-        canary = split_metrics(s[n_records:], canary_labels, bounds_delta=delta, seed=config.seed,
-                               significance=significance)
-        write_results(run_dir, name, {}, {"members": (s[:n_records], record_labels, records),
-                                          "canaries": (s[n_records:], canary_labels, canary)})
+        splits = {"members": (s[:n_records], record_labels, records)}
+        if canary_labels.any() and not canary_labels.all():
+            canary = split_metrics(s[n_records:], canary_labels, bounds_delta=delta, seed=config.seed,
+                                   significance=significance)
+            splits["canaries"] = (s[n_records:], canary_labels, canary)
+        write_results(run_dir, name, get_attack(name).get_params(), splits)
         summary[name] = records
     return summary
 
@@ -246,7 +248,7 @@ def audit_model(
 ) -> dict[str, Any]:
     """Black-box membership audit of a released model: every attack its inputs allow,
     measured on the given members against the given non-members."""
-    from dpaudit.attacks import AttackInputs
+    from dpaudit.attacks import AttackInputs, get_attack
     from dpaudit.data.tokenizer import load_tokenizer
     from dpaudit.models import load_model
     from dpaudit.signals import compute_signals
@@ -274,7 +276,7 @@ def audit_model(
     summary = {}
     for name, s in scores.items():
         metrics = split_metrics(s, labels, bounds_delta=None, seed=0)
-        write_results(out, name, {}, {"members": (s, labels, metrics)})
+        write_results(out, name, get_attack(name).get_params(), {"members": (s, labels, metrics)})
         summary[name] = metrics
     write_json_atomic(out / "audit_inputs.json", {
         "schema_version": 1,
