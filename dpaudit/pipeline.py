@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -66,6 +67,13 @@ def prepare_data(config: Config, seeds: dict[str, int]) -> PreparedData:
         raise InputError(f"the corpus has too few units ({len(corpus)} rows) to split into members and held-out records")
 
     spec = load_canary_spec(config.canaries.set)
+    if config.model.lora.enabled and spec["kind"] == "new_token" and config.canaries.num:
+        warnings.warn(
+            "LoRA trains only the adapters, so the embeddings of new-token canaries stay untrained: "
+            "such canaries cannot be learned; use canaries.set=random_secret or pii with LoRA",
+            UserWarning,
+            stacklevel=2,
+        )
     canaries = make_canaries(
         spec=spec,
         num_canaries=config.canaries.num,

@@ -60,8 +60,9 @@ def test_base_model_from_a_local_directory_with_lora(tmp_path):
                     ).save_pretrained(base)
     tokenizer.save_pretrained(base)
     out = tmp_path / "run"
-    code = main(["train", "--config", "tiny", "--out", str(out), "--set", f"model.base_model={base}",
-                 "--set", "model.lora.enabled=true", "--set", "train.steps=3"])
+    with pytest.warns(UserWarning, match="new-token canaries"):
+        code = main(["train", "--config", "tiny", "--out", str(out), "--set", f"model.base_model={base}",
+                     "--set", "model.lora.enabled=true", "--set", "train.steps=3"])
     assert code == 0
     model = AutoModelForCausalLM.from_pretrained(out / "model")
     tuned = AutoTokenizer.from_pretrained(out / "model")
