@@ -64,10 +64,14 @@ def write_npz_atomic(path: str | Path, **arrays: Any) -> None:
 
 
 def read_json(path: str | Path) -> Any:
+    """Parsed JSON, or an InputError for a missing or unreadable file."""
     path = Path(path)
     if not path.is_file():
         raise InputError(f"missing {path.name} in {path.parent}")
-    return json.loads(path.read_text(encoding="utf-8"))
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise InputError(f"cannot read {path}: {err}") from None
 
 
 def check_run_dir(run_dir: str | Path) -> Path:

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from dpaudit.errors import InputError
-from dpaudit.rundir import write_text_atomic
+from dpaudit.rundir import read_json, write_text_atomic
 
 SCHEMA_VERSION = 1
 REPORT_FPRS = (0.1, 0.01, 0.001)
@@ -89,13 +89,6 @@ def write_json_atomic(path: str | Path, obj: Any) -> None:
     from dpaudit.rundir import write_json_atomic as _write
 
     _write(path, _jsonable(obj))
-
-
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise InputError(f"cannot read {path}: {e}") from None
 
 
 # --------------------------------------------------------------------------- small helpers
@@ -173,7 +166,7 @@ def _load_results(run_dir: Path, warnings: list[str]) -> list[dict[str, Any]]:
     results_dir = run_dir / "results"
     attacks: dict[str, dict[str, Any]] = {}
     for path in sorted(results_dir.glob("*.json")) if results_dir.is_dir() else []:
-        data = _read_json(path)
+        data = read_json(path)
         if not isinstance(data, dict) or "splits" not in data:
             warnings.append(f"skipped {path.name}: not an attack result (no 'splits')")
             continue
@@ -320,7 +313,7 @@ def _privacy(run_dir: Path, warnings: list[str]) -> tuple[dict[str, Any] | None,
     path = run_dir / "dp_event.json"
     if not path.is_file():
         return None, None
-    d = _read_json(path)
+    d = read_json(path)
     if not isinstance(d, dict):
         raise InputError(f"{path}: expected a JSON object")
     delta = _num(d.get("delta"))
@@ -488,7 +481,7 @@ def _extraction(run_dir: Path, include_texts: bool, warnings: list[str]) -> dict
     path = run_dir / "extraction.json"
     if not path.is_file():
         return None
-    rows_in, summary = _records_from(_read_json(path))
+    rows_in, summary = _records_from(read_json(path))
     columns: list[str] = []
     hidden: set[str] = set()
     rows = []
@@ -523,7 +516,7 @@ def _canaries(run_dir: Path, include_texts: bool, extraction: dict[str, Any] | N
     path = run_dir / "canaries.json"
     if not path.is_file():
         return None
-    data = _read_json(path)
+    data = read_json(path)
     items = data.get("canaries", []) if isinstance(data, dict) else data
     if not isinstance(items, list):
         raise InputError(f"{path}: expected a list of canaries")
@@ -735,7 +728,7 @@ def build_report(run_dir: str | Path, *, include_texts: bool = False, title: str
     canaries = _canaries(run_dir, include_texts, extraction)
     training, train_records = _training(run_dir, warnings)
 
-    manifest = _read_json(run_dir / "manifest.json") if (run_dir / "manifest.json").is_file() else None
+    manifest = read_json(run_dir / "manifest.json") if (run_dir / "manifest.json").is_file() else None
     config = None
     if (run_dir / "config.resolved.yaml").is_file():
         import yaml
