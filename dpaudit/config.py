@@ -111,7 +111,7 @@ class TrainConfig:
 
 @dataclass
 class FleetConfig:
-    """Reference models trained on random halves of the data."""
+    """Reference models trained like the target, on random subsets drawn at its own rates."""
 
     num_models: int = 0
     executor: Literal["local", "ray"] = "local"

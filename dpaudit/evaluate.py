@@ -196,21 +196,22 @@ def write_extraction(run_dir: Path, model, tokenizer, canaries: list[dict], *, b
 
 
 def _fleet(run_dir: Path, config, candidates: list[dict], canaries: list[dict], tokenizer):
-    """Reference models on random halves of records and canaries; their keep matrix."""
+    """Reference models trained like the target: records kept at the target's member rate,
+    canaries at its inclusion rate and repeated as often; their keep matrix."""
     import datasets
 
     from dpaudit.data.corpus import tokenize_dataset
     from dpaudit.fleet import load_fleet, train_fleet
 
-    rows = {"text": [], "unit_id": []}
-    for c in candidates:
-        rows["text"].append(c["text"])
-        rows["unit_id"].append(c["unit_id"])
-    for c in canaries:
-        rows["text"].append(c["text"])
-        rows["unit_id"].append(c["id"])
+    record_rate, canary_rate = 1.0 - config.data.holdout_fraction, config.canaries.inclusion_prob
+    rows = {
+        "text": [c["text"] for c in candidates] + [c["text"] for c in canaries],
+        "unit_id": [c["unit_id"] for c in candidates] + [c["id"] for c in canaries],
+        "repetitions": [1] * len(candidates) + [int(c.get("repetitions", 1)) for c in canaries],
+    }
+    rates = [record_rate] * len(candidates) + [canary_rate] * len(canaries)
     dataset = tokenize_dataset(datasets.Dataset.from_dict(rows), tokenizer, max_length=config.data.max_length)
-    train_fleet(fleet_dir=run_dir / "fleet", candidates=dataset, tokenizer=tokenizer, config=config)
+    train_fleet(fleet_dir=run_dir / "fleet", candidates=dataset, tokenizer=tokenizer, config=config, keep_fraction=rates)
     return load_fleet(run_dir / "fleet")
 
 

@@ -1,4 +1,4 @@
-"""Reference-model fleet: many models, each trained on a random half of the candidates.
+"""Reference-model fleet: many models, each trained on a random subset of the candidates.
 
 Reference-model attacks (LiRA, Carlini et al. 2022; RMIA, Zarifzadeh et al. 2024; the
 reference ratio of Carlini et al. 2021) compare the target model with models known to have
@@ -62,15 +62,23 @@ _TRAINING_SECTIONS = ("model", "train")
 # --------------------------------------------------------------------------- seeds and inclusion
 
 
-def inclusion_matrix(*, unit_ids: Sequence[str], num_models: int, seed: int) -> np.ndarray:
+def inclusion_matrix(
+    *, unit_ids: Sequence[str], num_models: int, seed: int, keep_fraction: float | Sequence[float] = 0.5
+) -> np.ndarray:
     """``keep[m, i]``: whether model ``m`` trains on example ``i``.
 
-    Random halves by protected unit: all rows of a unit share one column pattern. The split
-    is balanced as in Carlini et al. 2022 (LiRA): for each unit, a random permutation of the
-    models, and the first half of them keep it; so with an even ``num_models`` every unit is
-    in exactly ``num_models / 2`` models. With an odd count a unit is kept by
-    ``floor(M/2)`` or ``ceil(M/2)`` models, each with probability 1/2, so that every
-    (model, unit) pair is still in with probability exactly 1/2.
+    Random subsets by protected unit: all rows of a unit share one column pattern. A unit
+    whose keep fraction is ``p`` is kept by ``k`` models chosen at random, where ``k`` is
+    ``floor(p M)`` or ``ceil(p M)`` (the latter with probability ``frac(p M)``), so each
+    (model, unit) pair is in with probability ``p`` and the models' training sets are equally
+    large on average. With ``num_models >= 2``, ``k`` is kept within ``[1, M - 1]``: every
+    unit has an "in" and an "out" model. ``p = 1/2`` with an even ``M`` is the balanced
+    design of Carlini et al. 2022 (LiRA): every unit in exactly ``M / 2`` models.
+
+    ``keep_fraction`` is one number or one per row (equal within a unit). Reference models
+    should be trained like the target, on as much data (Carlini et al. 2022): so
+    the run uses the target's own inclusion rates, ``1 - data.holdout_fraction`` for records
+    and ``canaries.inclusion_prob`` for canaries.
 
     Seeded with ``numpy.random.SeedSequence(seed)`` (the fleet's branch of it); units are
     taken in sorted order, so the pattern of a unit does not depend on the row order.
@@ -80,15 +88,30 @@ def inclusion_matrix(*, unit_ids: Sequence[str], num_models: int, seed: int) -> 
     ids = np.asarray([str(u) for u in unit_ids], dtype=str)
     if ids.size == 0:
         raise InputError("the fleet needs at least one candidate example")
-    units, inverse = np.unique(ids, return_inverse=True)
+    units, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    fraction = np.asarray(keep_fraction, dtype=np.float64)
+    if fraction.ndim == 0:
+        fraction = np.full(ids.shape, float(fraction))
+    if fraction.shape != ids.shape:
+        raise InputError(f"keep_fraction has {fraction.size} values for {ids.size} examples")
+    if not ((fraction > 0) & (fraction < 1)).all():
+        raise InputError("keep_fraction must be in (0, 1) for every example")
+    unit_fraction = fraction[first]
+    if not np.array_equal(unit_fraction[inverse], fraction):
+        raise InputError("keep_fraction must be the same for all rows of a protected unit")
     rng = np.random.default_rng(_keep_seed_sequence(seed))
     # rank[m, u]: position of model m in unit u's random permutation of the models
     rank = np.argsort(rng.random((len(units), num_models)), axis=1).argsort(axis=1).T
-    half = np.full(len(units), num_models // 2)
-    if num_models % 2:
-        half += rng.random(len(units)) < 0.5
-    unit_keep = rank < half[None, :]
-    return unit_keep[:, inverse.reshape(-1)]
+    expected = unit_fraction * num_models
+    count = np.floor(expected)
+    rest = expected - count
+    if rest.any():
+        count += rng.random(len(units)) < rest
+    if num_models >= 2:
+        count = np.clip(count, 1, num_models - 1)
+    unit_keep = rank < count[None, :]
+    return unit_keep[:, inverse]
 
 
 def _keep_seed_sequence(seed: int) -> np.random.SeedSequence:
@@ -112,6 +135,7 @@ def train_fleet(
     candidates,
     tokenizer,
     config: Config,
+    keep_fraction: float | Sequence[float] = 0.5,
     num_models: int | None = None,
     executor: str | None = None,
     address: str | None = None,
@@ -121,9 +145,12 @@ def train_fleet(
     """Train the reference models that ``fleet_dir`` still lacks; return ``keep`` [M, n].
 
     ``candidates`` is a ``datasets.Dataset`` with ``text``, ``input_ids``,
-    ``attention_mask`` and ``unit_id``: the examples the attacks score. Model ``j`` trains
-    with ``config.train.trainer`` on ``candidates`` restricted to ``keep[j]``, with the seed
-    :func:`model_seed` ``(config.seed, j)``. ``num_models``, ``executor``, ``address`` and
+    ``attention_mask`` and ``unit_id``: the examples the attacks score, and optionally
+    ``repetitions`` (int, default 1: how many copies of the row a model that keeps it trains
+    on, as canaries repeated in the target's training set). Model ``j`` trains with
+    ``config.train.trainer`` on ``candidates`` restricted to ``keep[j]``, with the seed
+    :func:`model_seed` ``(config.seed, j)``; ``keep`` comes from :func:`inclusion_matrix`
+    with ``keep_fraction``. ``num_models``, ``executor``, ``address`` and
     ``workers`` default to ``config.fleet``.
 
     ``executor="local"``: a pool of ``workers`` spawned processes, each with
@@ -156,6 +183,8 @@ def train_fleet(
     missing = [c for c in REQUIRED_COLUMNS if c not in candidates.column_names]
     if missing:
         raise InputError(f"the fleet's candidates lack the column(s) {', '.join(missing)}")
+    if "repetitions" in candidates.column_names and not (np.asarray(candidates["repetitions"]) >= 1).all():
+        raise InputError("the fleet's candidates have a repetitions value below 1")
 
     fleet_dir = Path(fleet_dir)
     fleet_dir.mkdir(parents=True, exist_ok=True)
@@ -164,7 +193,7 @@ def train_fleet(
         fleet=dataclasses.replace(fleet, num_models=num_models, executor=executor, address=address, workers=workers),
     )
     unit_ids = np.asarray([str(u) for u in candidates["unit_id"]], dtype=str)
-    keep = inclusion_matrix(unit_ids=unit_ids, num_models=num_models, seed=config.seed)
+    keep = inclusion_matrix(unit_ids=unit_ids, num_models=num_models, seed=config.seed, keep_fraction=keep_fraction)
     empty = np.flatnonzero(~keep.any(axis=1))
     if empty.size:
         raise InputError(
@@ -243,7 +272,10 @@ def run_job(fleet_dir: str, index: int, threads: int | None = None) -> dict[str,
     keep = _read_keep(root / KEEP_FILE)["keep"]
     candidates = load_from_disk(str(root / "candidates"))
     tokenizer = AutoTokenizer.from_pretrained(str(root / "tokenizer"))
-    rows = candidates.select(np.flatnonzero(keep[index]))
+    kept = np.flatnonzero(keep[index])
+    if "repetitions" in candidates.column_names:
+        kept = np.repeat(kept, np.asarray(candidates["repetitions"])[kept])
+    rows = candidates.select(kept)
     seed = model_seed(config.seed, index)
     trainer = load_trainer(config.train.trainer)
 
@@ -474,12 +506,15 @@ def _dataset_digest(dataset) -> str:
     """SHA-256 of the candidate columns the fleet depends on (order included)."""
     import pyarrow.compute as pc
 
-    table = dataset.select_columns(list(REQUIRED_COLUMNS)).with_format("arrow")[:]
+    names = [*REQUIRED_COLUMNS, *(["repetitions"] if "repetitions" in dataset.column_names else [])]
+    table = dataset.select_columns(names).with_format("arrow")[:]
     digest = hashlib.sha256()
-    for name in REQUIRED_COLUMNS:
+    for name in names:
         column = table.column(name).combine_chunks()
         digest.update(name.encode() + b"\0")
-        if name in ("text", "unit_id"):
+        if name == "repetitions":
+            digest.update(np.ascontiguousarray(column.to_numpy(), dtype=np.int64).tobytes())
+        elif name in ("text", "unit_id"):
             digest.update(json.dumps([str(v) for v in column.to_pylist()]).encode())
         else:
             lengths = pc.list_value_length(column).to_numpy(zero_copy_only=False)

@@ -13,7 +13,8 @@ ATTACKS = {"loss", "zlib", "min_k", "min_k_pp", "reference", "lira_online", "lir
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("runs") / "tiny"
-    code = main(["run", "--config", "tiny", "--out", str(out), "--set", "fleet.num_models=2", "--json"])
+    sets = ["fleet.num_models=4", "data.holdout_fraction=0.75", "canaries.repetitions=2"]
+    code = main(["run", "--config", "tiny", "--out", str(out), *(a for s in sets for a in ("--set", s)), "--json"])
     assert code == 0
     return out
 
@@ -28,9 +29,22 @@ def test_run_writes_results_for_every_attack(tiny_run):
     arrays = np.load(tiny_run / "results" / "loss.npz")
     assert arrays["members_scores"].shape == arrays["members_labels"].shape
     assert (tiny_run / "fleet" / "keep.npz").is_file()
-    assert len(list((tiny_run / "signals").glob("*.npz"))) == 3  # target and two reference models
+    assert len(list((tiny_run / "signals").glob("*.npz"))) == 5  # target and four reference models
     extraction = json.loads((tiny_run / "extraction.json").read_text())
     assert extraction["included_total"] + extraction["excluded_total"] == 16
+
+
+def test_fleet_is_trained_like_the_target(tiny_run):
+    """A quarter of the patients are members and half of the canaries, each twice: so is it
+    for every reference model."""
+    keep = np.load(tiny_run / "fleet" / "keep.npz")["keep"]
+    n_records = len((tiny_run / "candidates.jsonl").read_text().splitlines())
+    assert keep.shape == (4, n_records + 16)
+    assert (keep[:, :n_records].sum(axis=0) == 1).all()
+    assert (keep[:, n_records:].sum(axis=0) == 2).all()
+    for j in range(4):
+        job = json.loads((tiny_run / "fleet" / f"model-{j:03d}" / "fleet_job.json").read_text())
+        assert job["num_rows"] == keep[j, :n_records].sum() + 2 * keep[j, n_records:].sum()
 
 
 def test_report_is_complete_and_hides_texts(tiny_run):
@@ -38,6 +52,9 @@ def test_report_is_complete_and_hides_texts(tiny_run):
     assert report["schema_version"] == 1
     assert set(report["attacks"]) == ATTACKS
     assert report["verdict"] is None  # non-private: nothing to be consistent with
+    # each record is in one of the four reference models, each canary in two
+    assert report["fleet"] == {"num_models": 4, "in_per_text_min": 1, "out_per_text_min": 2}
+    assert any(w.startswith("lira_online: some texts have only 1 reference model") for w in report["warnings"])
     html = (tiny_run / "report.html").read_text()
     canary = json.loads((tiny_run / "canaries.json").read_text())["canaries"][0]
     assert canary["id"] in html and canary["text"] not in html

@@ -103,6 +103,49 @@ def test_inclusion_matrix_odd_and_invalid():
         inclusion_matrix(unit_ids=[], num_models=2, seed=0)
 
 
+def test_inclusion_matrix_follows_each_units_keep_fraction():
+    records = [f"r{i}" for i in range(600)]
+    canaries = [f"c{i}" for i in range(300)]
+    units = records + canaries
+    rates = [0.15] * len(records) + [0.5] * len(canaries)
+    keep = inclusion_matrix(unit_ids=units, num_models=16, seed=0, keep_fraction=rates)
+    per_unit = keep.sum(axis=0)
+    assert set(per_unit[:600]) == {2, 3} and per_unit[:600].mean() == pytest.approx(0.15 * 16, abs=0.1)
+    assert (per_unit[600:] == 8).all()
+    # the models' training sets are alike in size: about the rate times the pool
+    sizes = keep[:, :600].sum(axis=1)
+    assert abs(sizes.mean() - 90) < 3 and sizes.max() - sizes.min() < 40
+    single = inclusion_matrix(unit_ids=records, num_models=10, seed=1, keep_fraction=0.2)
+    assert (single.sum(axis=0) == 2).all()
+    # every unit keeps at least one "in" and one "out" model
+    assert (inclusion_matrix(unit_ids=records, num_models=4, seed=0, keep_fraction=0.05).sum(axis=0) == 1).all()
+    assert (inclusion_matrix(unit_ids=records, num_models=4, seed=0, keep_fraction=0.95).sum(axis=0) == 3).all()
+    # one half is the balanced design
+    assert np.array_equal(inclusion_matrix(unit_ids=units, num_models=6, seed=3, keep_fraction=0.5),
+                          inclusion_matrix(unit_ids=units, num_models=6, seed=3))
+
+
+@pytest.mark.parametrize("fraction", [0.0, 1.0, float("nan"), [0.5, 0.5], [0.2, 0.3, 0.3]])
+def test_inclusion_matrix_refuses_bad_keep_fractions(fraction):
+    with pytest.raises(InputError, match="keep_fraction"):
+        inclusion_matrix(unit_ids=["a", "a", "b"], num_models=4, seed=0, keep_fraction=fraction)
+
+
+def test_fleet_models_train_on_repeated_rows(inputs, tmp_path):
+    tokenizer, candidates = inputs
+    reps = [1 + (i % 3) for i in range(len(candidates))]
+    repeated = candidates.add_column("repetitions", reps)
+    keep = train_fleet(fleet_dir=tmp_path / "fleet", candidates=repeated, tokenizer=tokenizer, config=plugin_config(),
+                       num_models=2, workers=1, progress=False)
+    for j in range(2):
+        received = json.loads((tmp_path / "fleet" / f"model-{j:03d}" / fleet_plugin.RECEIVED).read_text())
+        expected = [candidates[int(i)]["unit_id"] for i in np.flatnonzero(keep[j]) for _ in range(reps[i])]
+        assert received["unit_ids"] == expected
+    with pytest.raises(InputError, match="repetitions"):
+        train_fleet(fleet_dir=tmp_path / "f2", candidates=candidates.add_column("repetitions", [0] * len(candidates)),
+                    tokenizer=tokenizer, config=plugin_config(), num_models=2, workers=1, progress=False)
+
+
 def test_model_seeds_do_not_depend_on_fleet_size():
     seeds = [model_seed(7, j) for j in range(5)]
     assert len(set(seeds)) == 5 and seeds[0] == model_seed(7, 0)

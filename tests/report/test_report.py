@@ -428,3 +428,25 @@ def test_write_json_atomic_maps_infinity_to_null(tmp_path):
     write_json_atomic(tmp_path / "x.json", {"eps": math.inf, "a": np.float32(0.5), "n": np.int64(3), "v": np.arange(2)})
     assert json.loads((tmp_path / "x.json").read_text()) == {"eps": None, "a": 0.5, "n": 3, "v": [0, 1]}
     assert [p.name for p in tmp_path.iterdir()] == ["x.json"]
+
+
+@pytest.mark.parametrize(("keep", "warned"), [
+    ([[1, 0, 1], [0, 1, 0], [1, 1, 1]], True),  # one model in, one out: online LiRA's means are single values
+    ([[1, 0, 1], [0, 1, 0], [1, 1, 0], [0, 0, 1], [1, 1, 1]], False),  # two in and two out for every text
+])
+def test_fleet_summary_and_the_online_lira_warning(tmp_path, fake_accounting, no_figures, keep, warned):
+    run = make_run(tmp_path)
+    keep = np.array(keep, dtype=bool)
+    (run / "fleet").mkdir()
+    np.savez(run / "fleet" / "keep.npz", keep=keep, unit_ids=np.array(["a", "b", "c"]))
+    for j in range(len(keep) - 1):  # the last model is unfinished: it does not count
+        (run / "fleet" / f"model-{j:03d}").mkdir()
+        (run / "fleet" / f"model-{j:03d}" / "fleet_job.json").write_text("{}")
+    lira = json.loads((run / "results" / "lira.json").read_text())
+    (run / "results" / "lira_online.json").write_text(json.dumps({**lira, "attack": "lira_online"}))
+    report = build_report(run)
+    finished = keep[:-1]
+    assert report["fleet"] == {"num_models": len(finished), "in_per_text_min": int(finished.sum(0).min()),
+                               "out_per_text_min": int((~finished).sum(0).min())}
+    assert any(w.startswith("lira_online:") for w in report["warnings"]) is warned
+    assert f"Reference models: {len(finished)};" in (run / "report.html").read_text(encoding="utf-8")
