@@ -220,6 +220,8 @@ def _finish_audit(args: argparse.Namespace, out: Path, report: dict) -> int:
     if verdict:
         lines.append(f"verdict: {verdict}")
     lines.append(f"report: {out / 'report.html'}")
+    for warning in report.get("warnings", []):
+        print(f"warning: {warning}", file=sys.stderr)
     _emit(args, report, "\n".join(lines))
     return EXIT_VIOLATION if verdict == "violated" else EXIT_OK
 
