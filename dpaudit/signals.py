@@ -310,7 +310,7 @@ def _chunk_stats(x: torch.Tensor, target: torch.Tensor):
     lp = y.gather(1, target.unsqueeze(1)).squeeze(1).sub_(log_s)
     py = p.mul_(y)
     m1 = py.sum(dim=-1)
-    m2 = py.mul_(y).sum(dim=-1)
+    m2 = torch.linalg.vecdot(py, y)  # sum of p y^2 without writing p y^2
     var = m2.sub_(m1 * m1).clamp_min_(0.0)
     return lp, m1.sub_(log_s), var.sqrt_()
 
