@@ -123,9 +123,11 @@ class FleetConfig:
 
 @dataclass
 class AttackConfig:
-    """Membership attacks to run (registry names); empty means every runnable one."""
+    """Membership attacks to run (registry names; empty means every runnable one) and
+    keyword parameters for some of them, e.g. ``params: {lira_online: {variance: per_example}}``."""
 
     attacks: list[str] = field(default_factory=list)
+    params: dict[str, dict[str, Any]] = field(default_factory=dict)
     batch_size: int = 16
 
 
@@ -236,6 +238,13 @@ def _coerce(hint: Any, value: Any, path: str) -> Any:
         if not isinstance(value, list):
             raise InputError(f"config key {path} must be a list, got {value!r}")
         return [_coerce(item, v, f"{path}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        key_hint, value_hint = typing.get_args(hint)
+        if not isinstance(value, dict):
+            raise InputError(f"config key {path} must be a mapping, got {value!r}")
+        return {_coerce(key_hint, k, path): _coerce(value_hint, v, f"{path}.{k}") for k, v in value.items()}
+    if hint is Any:
+        return value
     if hint is bool:
         if not isinstance(value, bool):
             raise InputError(f"config key {path} must be true or false, got {value!r}")
@@ -289,6 +298,17 @@ def validate(config: Config) -> None:
         raise InputError(f"config key data.holdout_fraction must be in (0, 1), got {config.data.holdout_fraction}")
     if not 0 < config.canaries.inclusion_prob < 1:
         raise InputError(f"config key canaries.inclusion_prob must be in (0, 1), got {config.canaries.inclusion_prob}")
+    if config.attack.attacks or config.attack.params:
+        from dpaudit.attacks import available_attacks, get_attack
+
+        unknown = sorted(set(config.attack.attacks) - set(available_attacks()))
+        if unknown:
+            raise InputError(f"config key attack.attacks names unknown attack(s) {', '.join(unknown)}")
+        for name, params in config.attack.params.items():
+            try:
+                get_attack(name, **params)
+            except InputError as err:
+                raise InputError(f"config key attack.params.{name}: {err}") from None
     if ":" not in t.trainer:
         raise InputError(f"config key train.trainer must be MODULE:FUNCTION, got {t.trainer!r}")
     if d.noise_multiplier is not None and d.noise_multiplier <= 0:

@@ -56,8 +56,11 @@ def read_texts(path: str | Path) -> list[str]:
 # --------------------------------------------------------------------------- scoring
 
 
-def run_attacks(inputs, *, names: Sequence[str] | None) -> dict[str, np.ndarray]:
-    """Scores (higher = member) of each named attack, or of every attack the inputs allow."""
+def run_attacks(
+    inputs, *, names: Sequence[str] | None, params: dict[str, dict[str, Any]] | None = None
+) -> dict[str, np.ndarray]:
+    """Scores (higher = member) of each named attack, or of every attack the inputs allow;
+    ``params[name]`` holds keyword parameters of attack ``name`` (defaults otherwise)."""
     from dpaudit.attacks import available_attacks, get_attack, runnable_attacks
 
     if names is None:
@@ -68,7 +71,7 @@ def run_attacks(inputs, *, names: Sequence[str] | None) -> dict[str, np.ndarray]
             raise InputError(f"unknown attack(s) {', '.join(unknown)}: known are {', '.join(available_attacks())}")
     scores = {}
     for name in names:
-        attack = get_attack(name)
+        attack = get_attack(name, **(params or {}).get(name, {}))
         if not attack.can_run(inputs):
             raise InputError(f"attack {name!r} needs {', '.join(sorted(attack.requires))}, which this audit lacks")
         scores[name] = attack.score(inputs)
@@ -126,8 +129,10 @@ def write_results(out: Path, name: str, params: dict, splits: dict[str, tuple[np
 
 
 def attack_run(run_dir: str | Path, *, attacks: Sequence[str] | None = None, progress: bool = True) -> dict[str, Any]:
-    """``dpaudit attack``: signals of the target (and reference fleet), then every attack,
-    on member vs held-out records and on included vs excluded canaries."""
+    """``dpaudit attack``: signals of the target (and reference fleet), then the attacks
+    named in ``attacks`` (else in the run's ``attack.attacks``, else every runnable one)
+    with the run's ``attack.params``, on member vs held-out records and on included vs
+    excluded canaries."""
     from dpaudit.attacks import AttackInputs, get_attack
     from dpaudit.config import load_config
     from dpaudit.data.tokenizer import load_tokenizer
@@ -159,7 +164,8 @@ def attack_run(run_dir: str | Path, *, attacks: Sequence[str] | None = None, pro
                                              model_id=_model_id(ref_dir), **kw))
         keep = keep[: len(references)]
     inputs = AttackInputs(target=target, texts=texts, references=tuple(references), reference_keep=keep)
-    scores = run_attacks(inputs, names=attacks)
+    params = config.attack.params
+    scores = run_attacks(inputs, names=attacks if attacks is not None else config.attack.attacks or None, params=params)
 
     delta = _run_delta(run_dir)
     significance = SIGNIFICANCE / len(scores)  # the max over attacks holds at SIGNIFICANCE
@@ -171,7 +177,7 @@ def attack_run(run_dir: str | Path, *, attacks: Sequence[str] | None = None, pro
             canary = split_metrics(s[n_records:], canary_labels, bounds_delta=delta, seed=config.seed,
                                    significance=significance)
             splits["canaries"] = (s[n_records:], canary_labels, canary)
-        write_results(run_dir, name, get_attack(name).get_params(), splits)
+        write_results(run_dir, name, get_attack(name, **params.get(name, {})).get_params(), splits)
         summary[name] = records
     return summary
 

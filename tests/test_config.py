@@ -12,8 +12,10 @@ def test_presets_load(preset):
 
 def test_overrides_and_round_trip(tmp_path):
     config = load_config("tiny", overrides=["train.batch_size=32", "train.dp.noise_multiplier=1.1",
-                                            "model.lora.target_modules=[c_attn]"])
+                                            "model.lora.target_modules=[c_attn]",
+                                            "attack.params.lira_online.variance=per_example"])
     assert config.train.batch_size == 32
+    assert config.attack.params == {"lira_online": {"variance": "per_example"}}
     assert config.train.dp.noise_multiplier == 1.1
     assert config.model.lora.target_modules == ["c_attn"]
     path = tmp_path / "resolved.yaml"
@@ -34,6 +36,11 @@ def test_overrides_and_round_trip(tmp_path):
         (["model=3"], "config key model must be a mapping"),
         (["train.lr"], "--set expects key=value"),
         (["train.batch_size.x=1"], "train.batch_size is not a section"),
+        (["attack.attacks=[loss,lirra]"], "attack.attacks names unknown attack(s) lirra"),
+        (["attack.params.lirra.variance=fixed"], "attack.params.lirra: unknown attack 'lirra'"),
+        (["attack.params.lira_online.variance=odd"], "attack.params.lira_online: lira_online: variance must be"),
+        (["attack.params.min_k.kk=0.2"], "attack.params.min_k: attack 'min_k' has no parameter 'kk'"),
+        (["attack.params.min_k=0.2"], "attack.params.min_k must be a mapping"),
     ],
 )
 def test_bad_values_name_the_key(overrides, message):

@@ -73,6 +73,24 @@ def test_attack_subset_and_report_rebuild(tiny_run, capsys):
     assert main(["attack", str(tiny_run), "--attacks", "nonsense"]) == 2
 
 
+def test_attack_stage_follows_the_runs_attack_config(tiny_run, tmp_path, capsys):
+    import shutil
+
+    import yaml
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)
+    config = yaml.safe_load((run / "config.resolved.yaml").read_text())
+    config["attack"].update(attacks=["loss", "lira_offline"], params={"lira_offline": {"variance": "per_example"}})
+    (run / "config.resolved.yaml").write_text(yaml.safe_dump(config))
+    assert main(["attack", str(run), "--json"]) == 0
+    assert set(json.loads(capsys.readouterr().out)["attacks"]) == {"loss", "lira_offline"}
+    result = json.loads((run / "results" / "lira_offline.json").read_text())
+    assert result["params"] == {"variance": "per_example"}
+    fixed = np.load(tiny_run / "results" / "lira_offline.npz")["members_scores"]
+    assert not np.allclose(np.load(run / "results" / "lira_offline.npz")["members_scores"], fixed)
+
+
 def test_audit_model_with_reference(tiny_run, tmp_path, capsys):
     rows = [json.loads(line) for line in (tiny_run / "candidates.jsonl").read_text().splitlines()]
     members = tmp_path / "members.jsonl"
