@@ -1,8 +1,10 @@
 """The command line: ``dpaudit <command>``.
 
-Exit status: 0 = done (or the audit is consistent), 1 = an audit found a violation,
-2 = bad input or usage. With ``--json`` a command prints exactly one JSON object on
-stdout; progress bars, logs and warnings go to stderr.
+Exit status: 0 = done (every audit consistent, or nothing to audit), 1 = an audit found a
+violation, 2 = bad input or usage, 3 = an audit is inconclusive (it could not have seen a
+violation of the claim), 4 = a model of the run failed (its error is in the report).
+With ``--json`` a command prints exactly one JSON object on stdout; progress bars, logs
+and warnings go to stderr.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from pathlib import Path
 from dpaudit import __version__
 from dpaudit.errors import InputError
 
-EXIT_OK, EXIT_VIOLATION, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_VIOLATION, EXIT_USAGE, EXIT_INCONCLUSIVE, EXIT_FAILED = 0, 1, 2, 3, 4
 
 
 def _config_args(p: argparse.ArgumentParser, *, default: str) -> None:
@@ -37,21 +39,22 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log more to stderr")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    p = sub.add_parser("run", help="train a target model, attack it and write the report (the main job)")
+    p = sub.add_parser("run", help="train every model of the run, attack them and write the report (the main job)")
     _config_args(p, default="demo")
-    p.add_argument("--out", help="run directory (default: runs/<preset>-<time>)")
-    p.add_argument("--force", action="store_true", help="replace an existing run directory")
+    p.add_argument("--out", help="run directory (default: runs/<preset>-<time>); an existing one with the same "
+                                 "config is resumed")
+    p.add_argument("--force", action="store_true", help="start the run directory over")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     p.set_defaults(handler=cmd_run)
 
-    p = sub.add_parser("train", help="train a target model and write a run directory")
+    p = sub.add_parser("train", help="prepare the data and train every model of the run (no attacks)")
     _config_args(p, default="demo")
-    p.add_argument("--out", required=True, help="run directory to create")
-    p.add_argument("--force", action="store_true", help="replace an existing run directory")
+    p.add_argument("--out", required=True, help="run directory (an existing one with the same config is resumed)")
+    p.add_argument("--force", action="store_true", help="start the run directory over")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     p.set_defaults(handler=cmd_train)
 
-    p = sub.add_parser("attack", help="run membership attacks on a trained run directory")
+    p = sub.add_parser("attack", help="reference fleet, membership attacks and extraction on a trained run directory")
     p.add_argument("run_dir", metavar="RUN_DIR")
     p.add_argument("--attacks", help="comma-separated attack names (default: every one the inputs allow)")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
@@ -99,10 +102,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, stream=sys.stderr,
-                        format="%(levelname)s %(name)s: %(message)s")
+                        format="%(message)s")
+    if sys.stderr.isatty():  # the bars show progress there; its log lines go to run.log only
+        logging.getLogger().handlers[0].addFilter(lambda record: record.name != "dpaudit.progress")
     logging.captureWarnings(True)
     if args.command != "accountant":
-        _quiet_libraries()
+        from dpaudit.progress import quiet_libraries
+
+        quiet_libraries()
     try:
         return args.handler(args)
     except InputError as err:
@@ -111,15 +118,6 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"dpaudit {args.command}: interrupted", file=sys.stderr)
         return 130
-
-
-def _quiet_libraries() -> None:
-    """The libraries' own bars (tokenizing, shard writing) are noise beside dpaudit's bars."""
-    import datasets
-    import transformers
-
-    datasets.disable_progress_bars()
-    transformers.utils.logging.disable_progress_bar()
 
 
 def _emit(args: argparse.Namespace, obj: dict, text: str) -> None:
@@ -132,54 +130,45 @@ def _emit(args: argparse.Namespace, obj: dict, text: str) -> None:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from dpaudit.config import load_config
-    from dpaudit.pipeline import train_run
+    from dpaudit.stages import run
 
     config = load_config(args.config, overrides=args.overrides)
-    out = train_run(config, args.out, force=args.force, command=sys.argv)
-    summary = _train_summary(out)
-    _emit(args, summary, f"trained {out}: {summary['steps']} steps in {summary['training_seconds']:.0f} s, "
-                         f"held-out perplexity {summary['heldout_perplexity']}")
-    return EXIT_OK
-
-
-def _train_summary(out: Path) -> dict:
-    """Steps, training time and the last held-out perplexity from ``train_log.jsonl``."""
-    log_path = out / "train_log.jsonl"
-    lines = [json.loads(x) for x in log_path.read_text().splitlines() if x.strip()] if log_path.exists() else []
-    evals = [x for x in lines if "heldout_perplexity" in x]
-    return {
-        "run_dir": str(out),
-        "steps": lines[-1].get("step", 0) if lines else 0,
-        "training_seconds": lines[-1].get("elapsed_s", 0.0) if lines else 0.0,
-        "heldout_perplexity": evals[-1]["heldout_perplexity"] if evals else None,
-    }
+    result = run(config, out=args.out, force=args.force, until="train", command=sys.argv)
+    rows = []
+    for md in (result.rundir.model(n) for n in config.model_names()):
+        log = [r for r in md.read_train_log() if r.get("heldout_perplexity") is not None]
+        rows.append({"name": md.name, "trained": md.is_trained(), "error": result.failed.get(md.name),
+                     "heldout_perplexity": log[-1]["heldout_perplexity"] if log else None})
+    text = "\n".join(f"{r['name']}: " + (f"failed: {r['error']}" if r["error"] else
+                                        f"held-out perplexity {_fmt(r['heldout_perplexity'], '.2f')}") for r in rows)
+    _emit(args, {"run_dir": str(result.rundir.root), "models": rows}, f"{text}\ntrained in {result.rundir.root}")
+    return EXIT_OK if result.ok else EXIT_FAILED
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     from dpaudit.config import load_config
-    from dpaudit.evaluate import attack_run
-    from dpaudit.pipeline import train_run
-    from dpaudit.report import build_report
+    from dpaudit.stages import run
 
     config = load_config(args.config, overrides=args.overrides)
     out = Path(args.out or f"runs/{Path(args.config).stem}-{datetime.now():%Y%m%d-%H%M%S}")
-    train_run(config, out, force=args.force, command=sys.argv)
-    attack_run(out)
-    report = build_report(out)
-    return _finish_audit(args, out, report)
+    result = run(config, out=out, force=args.force, command=sys.argv)
+    return _finish_audit(args, out, result.report)
 
 
 def cmd_attack(args: argparse.Namespace) -> int:
-    from dpaudit.evaluate import attack_run
+    from dpaudit.stages import attack_run
 
-    names = _attack_names(args.attacks)
-    results = attack_run(args.run_dir, attacks=names)
-    _emit(args, {"run_dir": str(args.run_dir), "attacks": results}, _attack_table(results))
-    return EXIT_OK
+    result = attack_run(args.run_dir, attacks=_attack_names(args.attacks))
+    models = {name: md.read_results() for name in result.rundir.read_config().model_names()
+              if (md := result.rundir.model(name)).results_dir.is_dir()}
+    summary = {name: {a: r["splits"]["members"] for a, r in res.items()} for name, res in models.items()}
+    text = "\n\n".join(f"{name}:\n{_attack_table(s)}" for name, s in summary.items())
+    _emit(args, {"run_dir": str(args.run_dir), "models": summary, "failed": result.failed}, text)
+    return EXIT_OK if result.ok else EXIT_FAILED
 
 
 def cmd_audit_model(args: argparse.Namespace) -> int:
-    from dpaudit.evaluate import audit_model
+    from dpaudit.stages.audit_model import audit_model
     from dpaudit.report import build_report
 
     if args.batch_size <= 0 or args.max_length <= 0:
@@ -202,28 +191,44 @@ def cmd_audit_model(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from dpaudit.report import build_report
+    from dpaudit.rundir import RunDir
 
-    if not Path(args.run_dir, "results").is_dir():
-        raise InputError(f"{args.run_dir} has no results/ (run `dpaudit attack {args.run_dir}` first)")
+    RunDir(args.run_dir).check()
     report = build_report(args.run_dir, include_texts=args.include_texts)
     return _finish_audit(args, Path(args.run_dir), report)
 
 
+def _fmt(value, spec: str = ".3f") -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
 def _finish_audit(args: argparse.Namespace, out: Path, report: dict) -> int:
-    verdict = report.get("verdict")
-    lines = [_attack_table(report.get("attacks", {}))]
-    if report.get("canary_attacks"):
-        lines += ["", "canaries:", _attack_table(report["canary_attacks"])]
-    best = (report.get("empirical_epsilon") or {}).get("best")
-    if best:
-        lines.append(f"\nempirical epsilon lower bound: {best['epsilon']:.3f} ({best['attack']}, {best['method']})")
-    if verdict:
-        lines.append(f"verdict: {verdict}")
+    """Print the verdict of every model (or the report with --json); the exit status of the worst."""
+    header = f"{'model':<16}{'epsilon':>9}{'bound':>8}{'ceiling':>9}{'ppl':>9}  verdict"
+    lines = [header]
+    statuses = []
+    for m in report["models"]:
+        audit, verdict = m.get("audit") or {}, m.get("verdict") or {}
+        status = "failed" if m.get("error") else verdict.get("status", "n/a")
+        statuses.append(status)
+        eps = (m.get("dp") or {}).get("epsilon")
+        eps_text = "no DP" if (m.get("dp") or {}).get("enabled") is False else _fmt(eps, ".2f")
+        lines.append(f"{m['name']:<16}{eps_text:>9}{_fmt(audit.get('epsilon_lower_bound'), '.2f'):>8}"
+                     f"{_fmt(audit.get('ceiling'), '.2f'):>9}{_fmt((m.get('utility') or {}).get('heldout_perplexity'), '.1f'):>9}"
+                     f"  {status}")
+        if m.get("error"):
+            lines.append(f"  error: {m['error']}")
+        elif verdict.get("reason") and status in ("violated", "inconclusive"):
+            lines.append(f"  {verdict['reason']}")
     lines.append(f"report: {out / 'report.html'}")
     for warning in report.get("warnings", []):
         print(f"warning: {warning}", file=sys.stderr)
     _emit(args, report, "\n".join(lines))
-    return EXIT_VIOLATION if verdict == "violated" else EXIT_OK
+    if "violated" in statuses:
+        return EXIT_VIOLATION
+    if "failed" in statuses:
+        return EXIT_FAILED
+    return EXIT_INCONCLUSIVE if "inconclusive" in statuses else EXIT_OK
 
 
 def _attack_names(text: str | None) -> list[str] | None:

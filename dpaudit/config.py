@@ -8,6 +8,7 @@ A config is built from a preset name (``tiny``, ``demo``, ``gpu``) or a YAML fil
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ import yaml
 from dpaudit.errors import InputError
 
 PRESETS = ("tiny", "demo", "gpu")
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
 @dataclass
@@ -31,7 +33,8 @@ class DataConfig:
     unit_column: str | None = "unit_id"
     split: str = "train"
     num_patients: int = 300  # size of the built-in clinical corpus
-    holdout_fraction: float = 0.5
+    holdout_fraction: float = 0.5  # of the private units
+    public_fraction: float = 0.0  # units set apart as public data (tokenizer, base model); 0: none
     max_length: int = 128
 
 
@@ -110,6 +113,34 @@ class TrainConfig:
 
 
 @dataclass
+class PretrainConfig:
+    """Non-private training of a base model on the public units (``data.public_fraction``)
+    before every model of the run fine-tunes it (Li et al. 2021, arXiv 2110.05679). The
+    base is cached in the run directory as ``base/``. Skipped when ``model.base_model``
+    names a pretrained model of the user's: that one is the base then."""
+
+    enabled: bool = False
+    optimizer: Literal["adamw", "sgd"] = "adamw"
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    epochs: float = 1.0
+    steps: int | None = None
+    batch_size: int = 16
+    microbatch_size: int = 16
+    schedule: Literal["constant", "linear", "cosine"] = "cosine"
+    warmup_steps: int = 0
+
+
+@dataclass
+class ModelEntry:
+    """One model of the run: a name and overrides of the ``train`` section, e.g.
+    ``{name: dp-eps4, train: {trainer: "dpaudit.train:dpsgd", dp: {target_epsilon: 4}}}``."""
+
+    name: str
+    train: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
 class FleetConfig:
     """Reference models trained like the target, on random subsets drawn at its own rates."""
 
@@ -141,8 +172,33 @@ class Config:
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    pretrain: PretrainConfig = field(default_factory=PretrainConfig)
+    models: list[ModelEntry] = field(default_factory=lambda: [ModelEntry(name="target")])
     fleet: FleetConfig = field(default_factory=FleetConfig)
     attack: AttackConfig = field(default_factory=AttackConfig)
+
+    def model_names(self) -> list[str]:
+        return [m.name for m in self.models]
+
+    def for_model(self, name: str) -> Config:
+        """The config one model trains with: ``train`` merged with the model's overrides."""
+        for i, entry in enumerate(self.models):
+            if entry.name == name:
+                merged = _merge(dataclasses.asdict(self.train), entry.train)
+                train = _build(TrainConfig, merged, f"models[{i}].train")
+                return dataclasses.replace(self, train=train, models=[ModelEntry(name=name)])
+        raise InputError(f"no model named {name!r} in this run (models: {', '.join(self.model_names())})")
+
+    def trains_base(self) -> bool:
+        """A base model is trained on the public data: ``pretrain.enabled`` and no
+        ``model.base_model`` of the user's (which then is the base)."""
+        return self.pretrain.enabled and not self.model.base_model
+
+    def pretrain_train(self) -> TrainConfig:
+        """The ``train`` section the base model trains with: ``pretrain``, non-private."""
+        p = dataclasses.asdict(self.pretrain)
+        p.pop("enabled")
+        return dataclasses.replace(self.train, trainer="dpaudit.train:nonprivate", dp=DPConfig(), checkpoint_every=0, **p)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -165,6 +221,14 @@ def load_config(source: str | Path | None = None, *, overrides: list[str] | tupl
     config = _build(Config, raw, "")
     validate(config)
     return config
+
+
+def _merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """``base`` with ``overrides`` merged in, section by section."""
+    out = dict(base)
+    for key, value in overrides.items():
+        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
 
 
 def _read_source(source: str | Path) -> dict[str, Any]:
@@ -270,22 +334,8 @@ def _coerce(hint: Any, value: Any, path: str) -> Any:
 
 
 def validate(config: Config) -> None:
-    """Range checks that types alone do not express."""
-    t, d = config.train, config.train.dp
-
-    def positive(path: str, value: float | None, *, allow_zero: bool = False) -> None:
-        if value is not None and (value < 0 or (value == 0 and not allow_zero)):
-            raise InputError(f"config key {path} must be {'>= 0' if allow_zero else '> 0'}, got {value}")
-
-    positive("train.batch_size", t.batch_size)
-    positive("train.microbatch_size", t.microbatch_size)
-    positive("train.lr", t.lr)
-    positive("train.epochs", t.epochs)
-    positive("train.steps", t.steps)
-    positive("train.eval_every", t.eval_every)
-    positive("train.checkpoint_every", t.checkpoint_every, allow_zero=True)
-    positive("train.warmup_steps", t.warmup_steps, allow_zero=True)
-    positive("train.weight_decay", t.weight_decay, allow_zero=True)
+    """Range checks that types alone do not express, for the run and each of its models."""
+    positive = _positive
     positive("data.num_patients", config.data.num_patients)
     positive("data.max_length", config.data.max_length)
     positive("tokenizer.vocab_size", config.tokenizer.vocab_size)
@@ -293,7 +343,6 @@ def validate(config: Config) -> None:
     positive("canaries.repetitions", config.canaries.repetitions)
     positive("fleet.num_models", config.fleet.num_models, allow_zero=True)
     positive("fleet.workers", config.fleet.workers)
-    positive("train.dp.max_grad_norm", d.max_grad_norm)
     if not 0 < config.data.holdout_fraction < 1:
         raise InputError(f"config key data.holdout_fraction must be in (0, 1), got {config.data.holdout_fraction}")
     if not 0 < config.canaries.inclusion_prob < 1:
@@ -309,6 +358,49 @@ def validate(config: Config) -> None:
                 get_attack(name, **params)
             except InputError as err:
                 raise InputError(f"config key attack.params.{name}: {err}") from None
+    if not 0 <= config.data.public_fraction < 1:
+        raise InputError(f"config key data.public_fraction must be in [0, 1), got {config.data.public_fraction}")
+    if config.trains_base():
+        if config.data.public_fraction == 0:
+            raise InputError("config key pretrain.enabled needs public data: set data.public_fraction > 0")
+        p = config.pretrain
+        for key in ("lr", "epochs", "steps", "batch_size", "microbatch_size"):
+            positive(f"pretrain.{key}", getattr(p, key))
+    names = config.model_names()
+    if not names:
+        raise InputError("config key models must list at least one model")
+    for i, name in enumerate(names):
+        if not _NAME_RE.match(name):
+            raise InputError(f"config key models[{i}].name must be a plain name (letters, digits, '.', '_', '-'), "
+                             f"got {name!r}")
+    if len(set(names)) != len(names):
+        raise InputError(f"config key models has duplicate names: {', '.join(sorted(n for n in set(names) if names.count(n) > 1))}")
+    for name in names:
+        try:
+            _validate_train(config.for_model(name).train)
+        except InputError as err:
+            raise InputError(f"model {name}: {err}" if len(names) > 1 else str(err)) from None
+
+
+def _positive(path: str, value: float | None, *, allow_zero: bool = False) -> None:
+    if value is not None and (value < 0 or (value == 0 and not allow_zero)):
+        raise InputError(f"config key {path} must be {'>= 0' if allow_zero else '> 0'}, got {value}")
+
+
+def _validate_train(t: TrainConfig) -> None:
+    """Range checks of one model's ``train`` section."""
+    d = t.dp
+    positive = _positive
+    positive("train.batch_size", t.batch_size)
+    positive("train.microbatch_size", t.microbatch_size)
+    positive("train.lr", t.lr)
+    positive("train.epochs", t.epochs)
+    positive("train.steps", t.steps)
+    positive("train.eval_every", t.eval_every)
+    positive("train.checkpoint_every", t.checkpoint_every, allow_zero=True)
+    positive("train.warmup_steps", t.warmup_steps, allow_zero=True)
+    positive("train.weight_decay", t.weight_decay, allow_zero=True)
+    positive("train.dp.max_grad_norm", d.max_grad_norm)
     if ":" not in t.trainer:
         raise InputError(f"config key train.trainer must be MODULE:FUNCTION, got {t.trainer!r}")
     if d.noise_multiplier is not None and d.noise_multiplier <= 0:

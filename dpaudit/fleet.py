@@ -261,6 +261,7 @@ def run_job(fleet_dir: str, index: int, threads: int | None = None) -> dict[str,
 
     from dpaudit.models import save_model
     from dpaudit.plugins import call_trainer, load_trainer
+    from dpaudit.progress import label
 
     if threads:
         torch.set_num_threads(int(threads))
@@ -283,7 +284,8 @@ def run_job(fleet_dir: str, index: int, threads: int | None = None) -> dict[str,
     tmp.mkdir()
     try:
         start = time.perf_counter()
-        model = call_trainer(trainer, rows, tokenizer, seed=seed, config=config, run_dir=tmp)
+        with label(f"reference-{index:03d}"):
+            model = call_trainer(trainer, rows, tokenizer, seed=seed, config=config, run_dir=tmp)
         if not hasattr(model, "save_pretrained"):
             raise InputError(f"trainer {config.train.trainer} returned {type(model).__name__}, not a model")
         save_model(model, tokenizer, tmp)
@@ -308,19 +310,42 @@ def run_job(fleet_dir: str, index: int, threads: int | None = None) -> dict[str,
     return record
 
 
-def _init_worker(threads: int) -> None:
+def _parent_log_file() -> str | None:
+    """The log file this process writes to (the run's ``run.log``), for the workers to append to."""
+    import logging
+
+    return next((h.baseFilename for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)), None)
+
+
+def _init_worker(threads: int, log_path: str | None = None) -> None:
+    """A pool process: its threads, no bars of its own (they would interleave), progress
+    lines on stderr and in the run's log."""
+    import logging
+
     import torch
 
+    from dpaudit import progress
+
     torch.set_num_threads(threads)
+    progress.disable_bars()
+    progress.quiet_libraries()
+    root = logging.getLogger()
+    stream = logging.StreamHandler(sys.stderr)
+    stream.setFormatter(logging.Formatter("%(message)s"))
+    root.addHandler(stream)
+    if log_path:
+        handler = logging.FileHandler(log_path, encoding="utf-8")
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%Y-%m-%d %H:%M:%S"))
+        root.addHandler(handler)
 
 
 # --------------------------------------------------------------------------- executors
 
 
 def _progress_bar(total: int, done: int, enabled: bool):
-    from tqdm import tqdm  # not tqdm.auto: progress goes to stderr, also in notebooks
+    from dpaudit.progress import Progress
 
-    return tqdm(total=total, initial=done, desc="fleet models", unit="model", file=sys.stderr, disable=not enabled)
+    return Progress(total=total, initial=done, desc="fleet", unit="model", enabled=enabled)
 
 
 def _run_local(*, fleet_dir: Path, todo: list[int], num_models: int, config: Config, workers: int, progress: bool, **_):
@@ -337,7 +362,8 @@ def _run_local(*, fleet_dir: Path, todo: list[int], num_models: int, config: Con
         from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
 
         context = multiprocessing.get_context("spawn")  # spawn copies sys.path to the children
-        with ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker, initargs=(threads,)) as pool:
+        with ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker,
+                                 initargs=(threads, _parent_log_file())) as pool:
             pending = {pool.submit(run_job, str(fleet_dir), j): j for j in todo}
             failure = None
             while pending and failure is None:

@@ -1,8 +1,26 @@
-"""Run directories: atomic writes, the manifest, and staged creation.
+"""Run directories: every artifact's path, reader and writer, all writes atomic.
 
-A run directory is complete only when its last artifact is in place: files are written
-under a temporary name and renamed, and ``dpaudit train`` builds the whole directory under
-a hidden staging name that is renamed to the requested path only at the end.
+A run is a set of models that share their data, canaries and reference fleet::
+
+    RUN/
+      config.resolved.yaml   the config after presets and overrides        (run)
+      manifest.json          package versions, seeds, git commit, hardware (run)
+      run.log                progress and warnings of every stage           (run)
+      data/                  split.json, candidates.jsonl, public.jsonl,    (prepare)
+                             canaries.json, tokenizer/
+      base/                  the base model trained on the public data      (train)
+      fleet/                 reference models and their keep matrix         (fleet)
+      signals/               signals of the reference models                (attack)
+      models/NAME/           model/, train_log.jsonl, dp_event.json,        (train)
+                             train_checks.json, error.json
+                             signals/, results/ATTACK.json|npz              (attack)
+                             extraction.json                                (extract)
+      report.json, report.html, figures/, tables/                          (report)
+
+A stage that builds a directory (``data/``, ``base/``, ``models/NAME/``) builds it under a
+hidden staging name and renames it into place at the end, so a directory that carries its
+real name is complete; files are written to a temporary name and renamed. An interrupted
+run therefore resumes by redoing only what is not in place.
 """
 
 from __future__ import annotations
@@ -22,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from dpaudit.errors import InputError
+from dpaudit.jsonable import jsonable
 
 SCHEMA_VERSION = 1
 PACKAGES = ("dpaudit", "torch", "transformers", "datasets", "tokenizers", "dp-accounting", "numpy", "scipy", "peft", "opacus")
@@ -43,7 +62,8 @@ def write_text_atomic(path: str | Path, text: str) -> None:
 
 
 def write_json_atomic(path: str | Path, obj: Any) -> None:
-    write_text_atomic(path, json.dumps(obj, indent=2, allow_nan=False) + "\n")
+    """``obj`` as JSON (through :func:`dpaudit.jsonable.jsonable`: non-finite floats become null)."""
+    write_text_atomic(path, json.dumps(jsonable(obj), indent=2, allow_nan=False) + "\n")
 
 
 def write_npz_atomic(path: str | Path, **arrays: Any) -> None:
@@ -74,24 +94,11 @@ def read_json(path: str | Path) -> Any:
         raise InputError(f"cannot read {path}: {err}") from None
 
 
-def check_run_dir(run_dir: str | Path) -> Path:
-    """A complete training run directory, or an InputError that says what is missing."""
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise InputError(f"run directory not found: {run_dir}")
-    for name in ("config.resolved.yaml", "manifest.json", "model"):
-        if not (run_dir / name).exists():
-            raise InputError(f"{run_dir} is not a complete run directory (no {name})")
-    return run_dir
-
-
 @contextlib.contextmanager
-def staged_directory(out: str | Path, *, force: bool = False) -> Iterator[Path]:
-    """Yield a hidden staging directory beside ``out``; rename it to ``out`` on success,
-    delete it on any error, so a half-written run directory never carries the real name."""
+def staged_directory(out: str | Path) -> Iterator[Path]:
+    """Yield a hidden staging directory beside ``out``; rename it to ``out`` on success
+    (replacing an incomplete ``out``), delete it on any error."""
     out = Path(out)
-    if out.exists() and not force:
-        raise InputError(f"{out} already exists (pass --force to replace it)")
     out.parent.mkdir(parents=True, exist_ok=True)
     stage = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.partial-"))
     try:
@@ -102,6 +109,249 @@ def staged_directory(out: str | Path, *, force: bool = False) -> Iterator[Path]:
     if out.exists():
         shutil.rmtree(out)
     os.replace(stage, out)
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    """One JSON object per non-empty line; an InputError names a bad line."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"missing {path.name} in {path.parent}")
+    rows = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                raise InputError(f"{path}:{number} is not valid JSON") from None
+    return rows
+
+
+def write_jsonl_atomic(path: str | Path, rows: list[dict[str, Any]]) -> None:
+    write_text_atomic(path, "".join(json.dumps(jsonable(r)) + "\n" for r in rows))
+
+
+# file names that trainers write into the directory they are given (the plug-in's run_dir)
+TRAIN_LOG, DP_EVENT, TRAIN_CHECKS = "train_log.jsonl", "dp_event.json", "train_checks.json"
+
+
+class ModelDir:
+    """The artifacts of one model of a run: ``RUN/models/NAME/`` (see the module docstring)."""
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+        self.name = self.root.name
+
+    def __repr__(self) -> str:
+        return f"ModelDir({str(self.root)!r})"
+
+    weights = property(lambda self: self.root / "model")
+    train_log_path = property(lambda self: self.root / TRAIN_LOG)
+    dp_event_path = property(lambda self: self.root / DP_EVENT)
+    train_checks_path = property(lambda self: self.root / TRAIN_CHECKS)
+    error_path = property(lambda self: self.root / "error.json")
+    signals_dir = property(lambda self: self.root / "signals")
+    results_dir = property(lambda self: self.root / "results")
+    extraction_path = property(lambda self: self.root / "extraction.json")
+
+    def is_trained(self) -> bool:
+        """The model directory was renamed into place by the train stage."""
+        return (self.weights / "config.json").is_file()
+
+    def read_train_log(self) -> list[dict[str, Any]]:
+        return read_jsonl(self.train_log_path) if self.train_log_path.is_file() else []
+
+    def read_dp_event(self) -> dict[str, Any] | None:
+        """``dp_event.json``, or None when the trainer wrote none (a plug-in that does not
+        take ``run_dir``): then nothing is known about its privacy."""
+        return read_json(self.dp_event_path) if self.dp_event_path.is_file() else None
+
+    def read_train_checks(self) -> dict[str, Any] | None:
+        return read_json(self.train_checks_path) if self.train_checks_path.is_file() else None
+
+    # errors: a model fails alone; its entry carries the message
+    def write_error(self, *, stage: str, error: BaseException) -> None:
+        message = str(error) or type(error).__name__
+        write_json_atomic(self.error_path, {"schema_version": SCHEMA_VERSION, "stage": stage,
+                                            "type": type(error).__name__, "message": message})
+
+    def read_error(self) -> dict[str, Any] | None:
+        return read_json(self.error_path) if self.error_path.is_file() else None
+
+    def clear_error(self) -> None:
+        self.error_path.unlink(missing_ok=True)
+
+    # attack results: metrics in JSON, scores and labels in npz
+    def write_results(self, attack: str, *, params: dict, splits: dict[str, tuple[Any, Any, dict]]) -> None:
+        """``results/ATTACK.json`` (metrics of each split) and ``results/ATTACK.npz``
+        (``SPLIT_scores``, ``SPLIT_labels``); ``splits[name] = (scores, labels, metrics)``."""
+        import numpy as np
+
+        arrays = {}
+        for split, (scores, labels, _) in splits.items():
+            arrays[f"{split}_scores"] = np.asarray(scores, dtype=np.float64)
+            arrays[f"{split}_labels"] = np.asarray(labels, dtype=bool)
+        write_npz_atomic(self.results_dir / f"{attack}.npz", **arrays)
+        write_json_atomic(self.results_dir / f"{attack}.json", {
+            "schema_version": SCHEMA_VERSION, "attack": attack, "params": params,
+            "splits": {k: v[2] for k, v in splits.items()},
+        })
+
+    def read_results(self) -> dict[str, dict[str, Any]]:
+        """``{attack: {"params", "splits": {split: metrics}, "arrays": {split: (scores, labels)}}}``
+        in file-name order; an InputError for an unreadable or inconsistent file."""
+        import numpy as np
+
+        out: dict[str, dict[str, Any]] = {}
+        for path in sorted(self.results_dir.glob("*.json")):
+            data = read_json(path)
+            npz = path.with_suffix(".npz")
+            if not isinstance(data, dict) or not isinstance(data.get("splits"), dict) or not npz.is_file():
+                raise InputError(f"{path} is not an attack result (or lacks its .npz)")
+            try:
+                with np.load(npz, allow_pickle=False) as z:
+                    arrays = {s: (z[f"{s}_scores"], z[f"{s}_labels"].astype(bool)) for s in data["splits"]}
+            except (OSError, KeyError, ValueError) as err:
+                raise InputError(f"cannot read {npz}: {err}") from None
+            out[path.stem] = {"params": data.get("params", {}), "splits": data["splits"], "arrays": arrays}
+        return out
+
+    def write_extraction(self, obj: dict[str, Any]) -> None:
+        write_json_atomic(self.extraction_path, {"schema_version": SCHEMA_VERSION, **obj})
+
+    def read_extraction(self) -> dict[str, Any] | None:
+        return read_json(self.extraction_path) if self.extraction_path.is_file() else None
+
+
+class RunDir:
+    """Every artifact of a run directory: its path, its reader and its writer."""
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+
+    def __repr__(self) -> str:
+        return f"RunDir({str(self.root)!r})"
+
+    config_path = property(lambda self: self.root / "config.resolved.yaml")
+    manifest_path = property(lambda self: self.root / "manifest.json")
+    log_path = property(lambda self: self.root / "run.log")
+    data_dir = property(lambda self: self.root / "data")
+    tokenizer_dir = property(lambda self: self.root / "data" / "tokenizer")
+    base_dir = property(lambda self: self.root / "base")
+    fleet_dir = property(lambda self: self.root / "fleet")
+    models_dir = property(lambda self: self.root / "models")
+    figures_dir = property(lambda self: self.root / "figures")
+    tables_dir = property(lambda self: self.root / "tables")
+    report_json = property(lambda self: self.root / "report.json")
+    report_html = property(lambda self: self.root / "report.html")
+
+    audit_inputs_path = property(lambda self: self.root / "audit_inputs.json")
+
+    def exists(self) -> bool:
+        """A run (its config is written) or an ``audit-model`` output (its inputs are)."""
+        return self.config_path.is_file() or self.audit_inputs_path.is_file()
+
+    def check(self) -> RunDir:
+        """This run directory, or an InputError when it is not one."""
+        if not self.root.is_dir():
+            raise InputError(f"run directory not found: {self.root}")
+        if not self.exists():
+            raise InputError(f"{self.root} is not a dpaudit run directory (no {self.config_path.name})")
+        return self
+
+    def model_names(self) -> list[str]:
+        """Names of the models that have a directory, in name order."""
+        return sorted(p.name for p in self.models_dir.iterdir() if p.is_dir() and not p.name.startswith(".")) \
+            if self.models_dir.is_dir() else []
+
+    def write_audit_inputs(self, obj: dict[str, Any]) -> None:
+        write_json_atomic(self.audit_inputs_path, {"schema_version": SCHEMA_VERSION, **obj})
+
+    def read_audit_inputs(self) -> dict[str, Any] | None:
+        return read_json(self.audit_inputs_path) if self.audit_inputs_path.is_file() else None
+
+    # config and manifest
+    def write_config(self, config) -> None:
+        write_text_atomic(self.config_path, config.to_yaml())
+
+    def read_config(self):
+        from dpaudit.config import load_config
+
+        return load_config(self.config_path)
+
+    def write_manifest(self, *, seeds: dict[str, int], command: list[str] | None = None) -> None:
+        write_json_atomic(self.manifest_path, manifest(seeds=seeds, command=command))
+
+    def read_manifest(self) -> dict[str, Any] | None:
+        return read_json(self.manifest_path) if self.manifest_path.is_file() else None
+
+    # data/ (the prepare stage): one staged directory
+    def data_complete(self) -> bool:
+        return (self.data_dir / "canaries.json").is_file()
+
+    def read_split(self) -> dict[str, Any]:
+        from dpaudit.data.corpus import load_split
+
+        return load_split(self.data_dir / "split.json")
+
+    def read_candidates(self) -> list[dict[str, Any]]:
+        """The records the attacks score: ``{"text", "unit_id", "role": member|heldout}``."""
+        return read_jsonl(self.data_dir / "candidates.jsonl")
+
+    def read_public(self) -> list[dict[str, Any]]:
+        """The public records (``{"text", "unit_id"}``); empty without public data."""
+        path = self.data_dir / "public.jsonl"
+        return read_jsonl(path) if path.is_file() else []
+
+    def read_canaries(self) -> list:
+        """The run's canaries as :class:`dpaudit.canaries.Canary` objects."""
+        from dpaudit.canaries import load_canaries
+
+        return load_canaries(self.data_dir / "canaries.json")[0]
+
+    def read_canary_file(self) -> dict[str, Any]:
+        """``canaries.json`` as written (spec, secret space size, canaries)."""
+        return read_json(self.data_dir / "canaries.json")
+
+    @staticmethod
+    def write_data(directory: Path, *, split: dict, candidates: list[dict], public: list[dict],
+                   canaries: list, spec: dict, tokenizer) -> None:
+        """The prepare stage's files, into the staging ``directory`` of :attr:`data_dir`."""
+        from dpaudit.canaries import save_canaries
+        from dpaudit.data.corpus import save_split
+
+        save_split(split, directory / "split.json")
+        write_jsonl_atomic(directory / "candidates.jsonl", candidates)
+        if public:
+            write_jsonl_atomic(directory / "public.jsonl", public)
+        tokenizer.save_pretrained(directory / "tokenizer")
+        save_canaries(canaries, directory / "canaries.json", spec=spec)  # last: marks data/ complete
+
+    def read_tokenizer(self):
+        from dpaudit.data.tokenizer import load_tokenizer
+
+        return load_tokenizer(self.tokenizer_dir)
+
+    # the base model
+    def base_complete(self) -> bool:
+        return (self.base_dir / "config.json").is_file()
+
+    # models
+    def model(self, name: str) -> ModelDir:
+        return ModelDir(self.models_dir / name)
+
+    # reference signals
+    @property
+    def signals_dir(self) -> Path:
+        return self.root / "signals"
+
+    # report
+    def write_report(self, report: dict[str, Any], *, html: str) -> None:
+        """``report.html``, then ``report.json`` last: its presence means the report is in place."""
+        write_text_atomic(self.report_html, html)
+        write_json_atomic(self.report_json, report)
+
+    def read_report(self) -> dict[str, Any]:
+        return read_json(self.report_json)
 
 
 def manifest(*, seeds: dict[str, int], command: list[str] | None = None) -> dict[str, Any]:

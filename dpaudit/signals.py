@@ -352,7 +352,7 @@ def _batch_stats(logits: torch.Tensor, input_ids: torch.Tensor, lengths: np.ndar
 def _signals_from_ids(
     model, ids: list[list[int]], *, batch_size: int, device: torch.device, progress: bool, desc: str
 ) -> TokenSignals:
-    from tqdm import tqdm  # plain: always stderr, also inside notebooks
+    from dpaudit.progress import Progress
 
     n = len(ids)
     lengths = np.fromiter((len(x) for x in ids), dtype=np.int64, count=n)
@@ -373,9 +373,7 @@ def _signals_from_ids(
     was_training = model.training
     model.eval()
     try:
-        with torch.inference_mode(), tqdm(
-            total=n, desc=desc, unit="text", file=sys.stderr, disable=not progress
-        ) as bar:
+        with torch.inference_mode(), Progress(total=n, desc=desc, unit="text", enabled=progress) as bar:
             for start in range(0, n, batch_size):
                 idx = order[start : start + batch_size]
                 blen = lengths[idx]

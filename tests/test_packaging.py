@@ -1,4 +1,5 @@
-"""The wheel carries every subpackage, the presets, the canary sets and the report template."""
+"""The wheel carries every subpackage, the presets, the canary sets, the report template and
+the clinical corpus vocabulary."""
 
 import tomllib
 from pathlib import Path
@@ -20,3 +21,6 @@ def test_package_data_is_found():
     assert resources.files("dpaudit.presets").joinpath("demo.yaml").is_file()
     assert resources.files("dpaudit.canary_sets").joinpath("new_token.yaml").is_file()
     assert resources.files("dpaudit.report").joinpath("templates/report.html").is_file()
+    vocab = resources.files("dpaudit.data").joinpath("clinical_vocab")
+    for name in ("diagnoses.yaml", "patients.yaml", "phrasing.yaml"):
+        assert vocab.joinpath(name).is_file(), name

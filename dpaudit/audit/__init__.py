@@ -12,10 +12,17 @@ Bounds (:mod:`~dpaudit.audit.bounds`), pure functions of counts, keyword-only:
 * :func:`epsilon_one_run_fdp` -- Mahloujifar, Melis, Chaudhuri 2025 (one run, f-DP)
 * :func:`epsilon_from_gdp` -- Nasr et al. 2023 with Dong, Roth, Su 2019 (Gaussian DP)
 
+Each bound is registered by name (:func:`register_bound`, :func:`get_bound`,
+:func:`available_bounds`) with its family ("one_run" or "threshold") and whether it is
+*sound* (holds for any (epsilon, delta)-DP mechanism: "one_run", "clopper_pearson") or an
+estimate under a Gaussian trade-off curve ("one_run_fdp", "gdp").
+
 :class:`CanaryScores` holds in/out canary scores and gives every metric and bound, the
 threshold or guess counts chosen by an explicit strategy (:class:`SplitStrategy`, or
 :class:`BonferroniStrategy`, the default). :func:`ceiling_table` says the largest bound
-each method can give with m canaries.
+each method can give with m canaries; :func:`one_run_ceiling` the largest one run's
+strategy can give. :func:`decide` turns bounds, the claim and the ceiling into a
+:class:`Verdict` ("violated", "consistent", "inconclusive" or "no_claim").
 """
 
 from dpaudit.audit.bounds import (
@@ -32,7 +39,7 @@ from dpaudit.audit.bounds import (
     one_run_p_value,
 )
 from dpaudit.audit.canary_scores import AuditReport, BoundResult, CanaryScores
-from dpaudit.audit.ceilings import CeilingRow, ceiling_table, format_ceiling_table
+from dpaudit.audit.ceilings import CeilingRow, ceiling_table, format_ceiling_table, one_run_ceiling
 from dpaudit.audit.metrics import (
     ConfidenceInterval,
     RocCurve,
@@ -44,6 +51,7 @@ from dpaudit.audit.metrics import (
     roc_curve,
     tpr_at_fpr,
 )
+from dpaudit.audit.registry import BoundSpec, available_bounds, get_bound, register_bound
 from dpaudit.audit.strategy import (
     DEFAULT_FPR_GRID,
     DEFAULT_GUESS_FRACTIONS,
@@ -52,6 +60,7 @@ from dpaudit.audit.strategy import (
     SplitStrategy,
     Strategy,
 )
+from dpaudit.audit.verdict import Verdict, decide
 
 __all__ = [
     # bounds
@@ -91,4 +100,13 @@ __all__ = [
     "ceiling_table",
     "format_ceiling_table",
     "CeilingRow",
+    "one_run_ceiling",
+    # registry
+    "register_bound",
+    "get_bound",
+    "available_bounds",
+    "BoundSpec",
+    # verdict
+    "Verdict",
+    "decide",
 ]

@@ -19,7 +19,10 @@ Four bounds:
   Private Machine Learning", with the mu-GDP conversion of Dong, Roth, Su 2019,
   "Gaussian Differential Privacy".
 
-All bounds hold with probability at least ``1 - significance``.
+All bounds hold with probability at least ``1 - significance``. Each is registered by
+name in :mod:`dpaudit.audit.registry` ("clopper_pearson", "one_run", "one_run_fdp",
+"gdp"); the first two are *sound* (they hold for any (epsilon, delta)-DP mechanism), the
+f-DP and GDP epsilons are estimates that assume a Gaussian trade-off curve.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from numbers import Integral, Real
 import numpy as np
 from scipy import optimize, special, stats
 
+from dpaudit.audit.registry import register_bound
 from dpaudit.errors import InputError
 
 __all__ = [
@@ -132,6 +136,9 @@ def _log_ratio(num: float, den: float) -> float:
     return math.log(num) - math.log(den) if den > 0.0 else math.inf
 
 
+@register_bound(
+    "clopper_pearson", family="threshold", sound=True, paper="Jagielski et al. 2020", arxiv="2006.07709"
+)
 def epsilon_clopper_pearson(*, tp, fp, tn, fn, delta: float, significance: float = 0.05) -> float:
     """Epsilon lower bound from a membership test's confusion matrix.
 
@@ -212,6 +219,7 @@ def _largest_rejected(rejects, *, start: float, cap: float) -> float:
     return lo
 
 
+@register_bound("one_run", family="one_run", sound=True, paper="Steinke et al. 2023", arxiv="2305.08846")
 def epsilon_one_run(
     *, num_canaries, num_guesses, num_correct, delta: float, significance: float = 0.05
 ) -> float:
@@ -391,3 +399,27 @@ def epsilon_from_gdp(*, tp, fp, tn, fn, delta: float, significance: float = 0.05
     delta = _check_delta(delta)
     mu = gdp_mu_lower_bound(tp=tp, fp=fp, tn=tn, fn=fn, significance=significance)
     return gdp_epsilon(mu=mu, delta=delta)
+
+
+# ------------------------------------------------------------------ registrations
+_GAUSSIAN = "a Gaussian trade-off curve"
+
+
+@register_bound(
+    "one_run_fdp", family="one_run", sound=False, paper="Mahloujifar et al. 2025", arxiv="2410.22235",
+    assumes=_GAUSSIAN,
+)
+def _one_run_fdp_with_mu(*, num_canaries, num_guesses, num_correct, delta, significance):
+    """:func:`epsilon_one_run_fdp`, with the mu bound beside it."""
+    mu = mu_one_run_fdp(
+        num_canaries=num_canaries, num_guesses=num_guesses, num_correct=num_correct, significance=significance
+    )
+    return gdp_epsilon(mu=mu, delta=delta), {"mu": mu}
+
+
+@register_bound("gdp", family="threshold", sound=False, paper="Nasr et al. 2023", arxiv="2302.07956", assumes=_GAUSSIAN)
+def _gdp_with_mu(*, tp, fp, tn, fn, delta, significance):
+    """:func:`epsilon_from_gdp`, with the mu bound beside it."""
+    delta = _check_delta(delta)
+    mu = gdp_mu_lower_bound(tp=tp, fp=fp, tn=tn, fn=fn, significance=significance)
+    return gdp_epsilon(mu=mu, delta=delta), {"mu": mu}

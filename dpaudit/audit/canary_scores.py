@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -37,6 +37,7 @@ import numpy as np
 from dpaudit.audit import bounds as _b
 from dpaudit.audit import metrics as _m
 from dpaudit.audit._validation import as_fpr, as_scores
+from dpaudit.audit.registry import BoundSpec, available_bounds, get_bound
 from dpaudit.audit.strategy import (
     DEFAULT_FPR_GRID,
     DEFAULT_GUESS_FRACTIONS,
@@ -46,36 +47,43 @@ from dpaudit.audit.strategy import (
     BonferroniStrategy,
     SplitStrategy,
     Strategy,
+    distinct_guess_pairs,
     fpr_level_count,
     one_run_guess_counts,
 )
 from dpaudit.errors import InputError
+from dpaudit.jsonable import jsonable
 
 __all__ = ["CanaryScores", "BoundResult", "AuditReport", "METHODS", "DEFAULT_FPRS"]
 
 #: FPR levels reported by :meth:`CanaryScores.audit`.
 DEFAULT_FPRS: tuple[float, ...] = (0.1, 0.01, 0.001)
 
-#: method name -> (paper, family)
-METHODS: dict[str, tuple[str, str]] = {
-    "clopper_pearson": ("Jagielski et al. 2020", "threshold"),
-    "gdp": ("Nasr et al. 2023", "threshold"),
-    "one_run": ("Steinke et al. 2023", "one_run"),
-    "one_run_fdp": ("Mahloujifar et al. 2025", "one_run"),
-}
+class _Methods(Mapping):
+    """Read-only view of the bound registry: method name -> (paper, family), sorted by name."""
+
+    def __getitem__(self, name: str) -> tuple[str, str]:
+        if name not in available_bounds():
+            raise KeyError(name)
+        spec = get_bound(name)
+        return spec.paper, spec.family
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(available_bounds())
+
+    def __len__(self) -> int:
+        return len(available_bounds())
+
+    def __repr__(self) -> str:
+        return f"METHODS({dict(self)!r})"
 
 
-def _py(x):
-    """JSON-ready Python scalars / containers (numpy types and inf become plain / null)."""
-    if isinstance(x, dict):
-        return {str(k): _py(v) for k, v in x.items()}
-    if isinstance(x, list | tuple):
-        return [_py(v) for v in x]
-    if isinstance(x, np.generic):
-        x = x.item()
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    return x
+#: method name -> (paper, family), derived from :mod:`dpaudit.audit.registry` (live).
+METHODS: Mapping[str, tuple[str, str]] = _Methods()
+
+
+def _spec_or_none(method: str) -> BoundSpec | None:
+    return get_bound(method) if method in available_bounds() else None
 
 
 @dataclass(frozen=True)
@@ -86,6 +94,11 @@ class BoundResult:
     split). ``num_guesses`` / ``num_correct`` are set for one-run bounds;
     ``details`` holds k+ / k-, or the threshold and confusion counts, mu where it
     applies, the per-test significance and the candidates tried.
+
+    ``sound`` (from the registry unless given) says whether ``epsilon`` is a lower bound
+    that holds for any (epsilon, delta)-DP mechanism; when False it is an estimate under
+    the method's assumption (a Gaussian trade-off curve for "one_run_fdp" and "gdp"),
+    and :meth:`summary` says so instead of "epsilon >=".
     """
 
     method: str
@@ -97,17 +110,44 @@ class BoundResult:
     num_correct: int | None
     strategy: dict
     details: dict = field(default_factory=dict)
+    sound: bool | None = None
+
+    def __post_init__(self):
+        if self.sound is None:
+            spec = _spec_or_none(self.method)
+            object.__setattr__(self, "sound", bool(spec.sound) if spec is not None else False)
+        elif not isinstance(self.sound, bool | np.bool_):
+            raise InputError(f"sound must be True or False, got {self.sound!r}")
+        else:
+            object.__setattr__(self, "sound", bool(self.sound))
 
     @property
     def confidence(self) -> float:
         return 1.0 - self.significance
 
+    @property
+    def paper(self) -> str:
+        spec = _spec_or_none(self.method)
+        return spec.paper if spec is not None else ""
+
+    @property
+    def arxiv(self) -> str | None:
+        spec = _spec_or_none(self.method)
+        return spec.arxiv if spec is not None else None
+
     def summary(self) -> str:
-        paper = METHODS.get(self.method, ("", ""))[0]
-        head = (
-            f"{self.method} ({paper}): epsilon >= {self.epsilon:.3f} at delta={self.delta:g}, "
-            f"{self.confidence:.0%} confidence"
-        )
+        if self.sound:
+            head = (
+                f"{self.method} ({self.paper}): epsilon >= {self.epsilon:.3f} at delta={self.delta:g}, "
+                f"{self.confidence:.0%} confidence"
+            )
+        else:
+            spec = _spec_or_none(self.method)
+            assumes = (spec.assumes if spec is not None else None) or "the method's assumptions"
+            head = (
+                f"{self.method} ({self.paper}): epsilon estimate {self.epsilon:.3f} at delta={self.delta:g} "
+                f"under {assumes} (not a sound lower bound)"
+            )
         d = self.details
         if self.num_guesses is not None:
             body = (
@@ -123,6 +163,8 @@ class BoundResult:
             )
         if "mu" in d:
             body += f", mu >= {d['mu']:.3f}"
+            if not self.sound:
+                body += f" ({self.confidence:.0%} confidence)"
         strat = self.strategy.get("name")
         if strat == "bonferroni":
             body += f"; Bonferroni over {d.get('num_candidates')} candidates"
@@ -133,10 +175,12 @@ class BoundResult:
     __str__ = summary
 
     def to_dict(self) -> dict:
-        return _py(
+        return jsonable(
             {
                 "method": self.method,
-                "paper": METHODS.get(self.method, ("", ""))[0],
+                "paper": self.paper,
+                "arxiv": self.arxiv,
+                "sound": self.sound,
                 "epsilon": self.epsilon,
                 "delta": self.delta,
                 "significance": self.significance,
@@ -151,7 +195,7 @@ class BoundResult:
 
 @dataclass(frozen=True)
 class AuditReport:
-    """Metrics and all four bounds of one :class:`CanaryScores`, frozen."""
+    """Metrics and every registered bound of one :class:`CanaryScores`, frozen."""
 
     num_members: int
     num_nonmembers: int
@@ -176,14 +220,17 @@ class AuditReport:
             f"AUC: {self.auc:.4f}   best balanced accuracy: {self.balanced_accuracy:.4f}",
         ]
         lines += [f"  {t.summary()}" for t in self.tpr_at_fpr]
-        lines.append(f"epsilon lower bounds at delta={self.delta:g}, {1 - self.significance:.0%} confidence:")
+        lines.append(
+            f"epsilon at delta={self.delta:g}, {1 - self.significance:.0%} confidence "
+            "(lower bounds, except the estimates marked as such):"
+        )
         lines += [f"  {b.summary()}" for b in self.bounds]
         return "\n".join(lines)
 
     __str__ = summary
 
     def to_dict(self) -> dict:
-        return _py(
+        return jsonable(
             {
                 "num_members": self.num_members,
                 "num_nonmembers": self.num_nonmembers,
@@ -207,6 +254,7 @@ class AuditReport:
             rows.append(
                 {
                     "method": b.method,
+                    "sound": b.sound,
                     "epsilon": b.epsilon,
                     "mu": b.details.get("mu"),
                     "delta": b.delta,
@@ -339,31 +387,40 @@ class CanaryScores:
         self, *, delta: float, significance: float = 0.05, strategy: Strategy | None = None
     ) -> BoundResult:
         """Clopper-Pearson epsilon bound (Jagielski et al. 2020) at a strategy-chosen threshold."""
-        return self._threshold_bound("clopper_pearson", delta, significance, strategy)
+        return self.bound("clopper_pearson", delta=delta, significance=significance, strategy=strategy)
 
     def epsilon_gdp(self, *, delta: float, significance: float = 0.05, strategy: Strategy | None = None) -> BoundResult:
-        """Gaussian-DP epsilon bound (Nasr et al. 2023; Dong, Roth, Su 2019) at a chosen threshold."""
-        return self._threshold_bound("gdp", delta, significance, strategy)
+        """Gaussian-DP epsilon estimate (Nasr et al. 2023; Dong, Roth, Su 2019) at a chosen threshold.
+
+        Not sound: the epsilon reading assumes a Gaussian trade-off curve."""
+        return self.bound("gdp", delta=delta, significance=significance, strategy=strategy)
 
     def epsilon_one_run(
         self, *, delta: float, significance: float = 0.05, strategy: Strategy | None = None
     ) -> BoundResult:
         """One-run epsilon bound (Steinke, Nasr, Jagielski 2023) with strategy-chosen k+, k-."""
-        return self._one_run_bound("one_run", delta, significance, strategy)
+        return self.bound("one_run", delta=delta, significance=significance, strategy=strategy)
 
     def epsilon_one_run_fdp(
         self, *, delta: float, significance: float = 0.05, strategy: Strategy | None = None
     ) -> BoundResult:
-        """One-run f-DP bound (Mahloujifar, Melis, Chaudhuri 2025) with strategy-chosen k+, k-."""
-        return self._one_run_bound("one_run_fdp", delta, significance, strategy)
+        """One-run f-DP estimate (Mahloujifar, Melis, Chaudhuri 2025) with strategy-chosen k+, k-.
 
-    def bound(self, method: str, *, delta: float, significance: float = 0.05, strategy: Strategy | None = None):
-        """Any bound by name: "clopper_pearson", "gdp", "one_run" or "one_run_fdp"."""
-        if method not in METHODS:
-            raise InputError(f"unknown method {method!r}; use one of {sorted(METHODS)}")
-        if METHODS[method][1] == "threshold":
-            return self._threshold_bound(method, delta, significance, strategy)
-        return self._one_run_bound(method, delta, significance, strategy)
+        Not sound: the epsilon reading assumes a Gaussian trade-off curve (the mu bound in
+        ``details`` does not)."""
+        return self.bound("one_run_fdp", delta=delta, significance=significance, strategy=strategy)
+
+    def bound(
+        self, method: str, *, delta: float, significance: float = 0.05, strategy: Strategy | None = None
+    ) -> BoundResult:
+        """Any registered bound by name (see :func:`dpaudit.audit.available_bounds`):
+        "clopper_pearson", "gdp", "one_run", "one_run_fdp", ..."""
+        if not isinstance(method, str) or method not in available_bounds():
+            raise InputError(f"unknown method {method!r}; use one of {available_bounds()}")
+        spec = get_bound(method)
+        if spec.family == "threshold":
+            return self._threshold_bound(spec, delta, significance, strategy)
+        return self._one_run_bound(spec, delta, significance, strategy)
 
     def audit(
         self,
@@ -373,7 +430,7 @@ class CanaryScores:
         strategy: Strategy | None = None,
         fprs: Sequence[float] = DEFAULT_FPRS,
     ) -> AuditReport:
-        """All metrics and all four bounds, as one frozen :class:`AuditReport`."""
+        """All metrics and every registered bound, as one frozen :class:`AuditReport`."""
         return AuditReport(
             num_members=self.num_members,
             num_nonmembers=self.num_nonmembers,
@@ -381,7 +438,8 @@ class CanaryScores:
             balanced_accuracy=self.balanced_accuracy(),
             tpr_at_fpr=tuple(self.tpr_at_fpr(a) for a in fprs),
             bounds=tuple(
-                self.bound(name, delta=delta, significance=significance, strategy=strategy) for name in METHODS
+                self.bound(name, delta=delta, significance=significance, strategy=strategy)
+                for name in available_bounds()
             ),
             delta=float(delta),
             significance=float(significance),
@@ -403,25 +461,25 @@ class CanaryScores:
         keys = np.random.default_rng(np.random.SeedSequence(self._seed)).random(scores.size)
         return scores, member, keys
 
-    def _one_run_bound(self, method, delta, significance, strategy) -> BoundResult:
+    def _one_run_bound(self, spec: BoundSpec, delta, significance, strategy) -> BoundResult:
         delta = _b._check_delta(delta)
         significance = _b._check_significance(significance)
         strategy = DEFAULT_STRATEGY if strategy is None else strategy
 
         def fn(m, r, v, sig):
-            return _one_run_eval(method, m, r, v, delta, sig)
+            return _one_run_eval(spec, m, r, v, delta, sig)
 
         scores, member, keys = self._pooled()
         if isinstance(strategy, BonferroniStrategy):
             grid = strategy.grid or DEFAULT_GUESS_FRACTIONS
             ranked = _Ranked(scores, member, keys)
-            pairs = _distinct_pairs(grid, ranked.m)
+            pairs = distinct_guess_pairs(grid, ranked.m)
             per_test = significance / len(pairs)
             tried = []
             for kp, km in pairs:
                 v = ranked.correct(kp, km)
-                eps, mu = fn(ranked.m, kp + km, v, per_test)
-                tried.append({"k_plus": kp, "k_minus": km, "num_correct": v, "epsilon": eps, "mu": mu})
+                eps, extras = fn(ranked.m, kp + km, v, per_test)
+                tried.append({"k_plus": kp, "k_minus": km, "num_correct": v, "epsilon": eps, **extras})
             best = max(tried, key=lambda t: (t["epsilon"], t["num_correct"] / (t["k_plus"] + t["k_minus"])))
             details = {
                 "k_plus": best["k_plus"],
@@ -431,7 +489,8 @@ class CanaryScores:
                 "candidates": tried,
             }
             m, r, v = ranked.m, best["k_plus"] + best["k_minus"], best["num_correct"]
-            eps, mu = best["epsilon"], best["mu"]
+            eps = best["epsilon"]
+            extras = {k: x for k, x in best.items() if k not in ("k_plus", "k_minus", "num_correct", "epsilon")}
         elif isinstance(strategy, SplitStrategy):
             grid = strategy.grid or DEFAULT_SPLIT_GUESS_FRACTIONS
             m_all = scores.size
@@ -457,7 +516,7 @@ class CanaryScores:
             if kp + km == 0:
                 kp = 1
             m, r, v = ranked_ev.m, kp + km, ranked_ev.correct(kp, km)
-            eps, mu = fn(m, r, v, significance)
+            eps, extras = fn(m, r, v, significance)
             details = {
                 "k_plus": kp,
                 "k_minus": km,
@@ -469,17 +528,14 @@ class CanaryScores:
         else:
             raise InputError(f"strategy must be a BonferroniStrategy or a SplitStrategy, got {strategy!r}")
         details["tie_break_seed"] = self._seed
-        if method == "one_run_fdp":
-            details["mu"] = mu
-        else:
-            for t in details.get("candidates", ()):
-                t.pop("mu")
+        details.update(extras)
         return BoundResult(
-            method, float(eps), delta, significance, int(m), int(r), int(v), strategy.describe(), details
+            spec.name, float(eps), delta, significance, int(m), int(r), int(v), strategy.describe(), details,
+            spec.sound,
         )
 
     # ---------------------------------------------------------- threshold machinery
-    def _threshold_bound(self, method, delta, significance, strategy) -> BoundResult:
+    def _threshold_bound(self, spec: BoundSpec, delta, significance, strategy) -> BoundResult:
         delta = _b._check_delta(delta)
         significance = _b._check_significance(significance)
         strategy = DEFAULT_STRATEGY if strategy is None else strategy
@@ -490,7 +546,7 @@ class CanaryScores:
             out_sorted = np.sort(self._out)
             tried = [_order_stat_counts(self._in, out_sorted, j) for j in js]
             for t in tried:
-                t["epsilon"] = _threshold_eps(method, t, delta, per_test)
+                t.update(_threshold_eval(spec, t, delta, per_test))
             best = max(tried, key=lambda t: t["epsilon"])
             details = dict(best)
             details.update(num_candidates=len(js), significance_per_test=per_test,
@@ -505,7 +561,7 @@ class CanaryScores:
             js = sorted({fpr_level_count(a, out_sel.size) for a in grid})
             tried = [_order_stat_counts(in_sel, out_sel_sorted, j) for j in js]
             for t in tried:
-                t["epsilon"] = _threshold_eps(method, t, delta, significance)
+                t.update(_threshold_eval(spec, t, delta, significance))
             # Ties (often all 0 on weak signals) go to the largest TPR - FPR on the choosing part.
             chosen = max(tried, key=lambda t: (t["epsilon"], t["tp"] / in_sel.size - t["fp"] / out_sel.size))
             thr = chosen["threshold"]
@@ -513,26 +569,21 @@ class CanaryScores:
             tp = int(np.sum(in_ev > thr_val))
             fp = int(np.sum(out_ev > thr_val))
             details = {"threshold": thr, "tp": tp, "fp": fp, "tn": int(out_ev.size - fp), "fn": int(in_ev.size - tp)}
-            details["epsilon"] = _threshold_eps(method, details, delta, significance)
+            details.update(_threshold_eval(spec, details, delta, significance))
             details.update(selection_epsilon=chosen["epsilon"], selection_num_canaries=int(in_sel.size + out_sel.size),
                            significance_per_test=significance)
             n = int(in_ev.size + out_ev.size)
         else:
             raise InputError(f"strategy must be a BonferroniStrategy or a SplitStrategy, got {strategy!r}")
         eps = details.pop("epsilon")
-        if method == "gdp":
-            d = details
-            details["mu"] = _b.gdp_mu_lower_bound(tp=d["tp"], fp=d["fp"], tn=d["tn"], fn=d["fn"],
-                                                  significance=d["significance_per_test"])
-        return BoundResult(method, float(eps), delta, significance, n, None, None, strategy.describe(), details)
+        return BoundResult(
+            spec.name, float(eps), delta, significance, n, None, None, strategy.describe(), details, spec.sound
+        )
 
 
-def _one_run_eval(method: str, m: int, r: int, v: int, delta: float, sig: float) -> tuple[float, float | None]:
-    """(epsilon, mu) of a one-run bound; mu only for the f-DP bound."""
-    if method == "one_run":
-        return _b.epsilon_one_run(num_canaries=m, num_guesses=r, num_correct=v, delta=delta, significance=sig), None
-    mu = _b.mu_one_run_fdp(num_canaries=m, num_guesses=r, num_correct=v, significance=sig)
-    return _b.gdp_epsilon(mu=mu, delta=delta), mu
+def _one_run_eval(spec: BoundSpec, m: int, r: int, v: int, delta: float, sig: float) -> tuple[float, dict]:
+    """(epsilon, extras) of a registered one-run bound (extras: e.g. mu for the f-DP bound)."""
+    return spec.evaluate(num_canaries=m, num_guesses=r, num_correct=v, delta=delta, significance=sig)
 
 
 class _Ranked:
@@ -550,17 +601,6 @@ class _Ranked:
         in_top = total_in - self._cum_in[self.m - k_plus]  # members among the k+ highest
         out_bottom = k_minus - self._cum_in[k_minus]  # non-members among the k- lowest
         return int(in_top + out_bottom)
-
-
-def _distinct_pairs(grid, m: int) -> list[tuple[int, int]]:
-    pairs = []
-    for cand in grid:
-        kp, km = one_run_guess_counts(cand, m)
-        if kp + km > 0 and (kp, km) not in pairs:
-            pairs.append((kp, km))
-    if not pairs:
-        raise InputError("no grid candidate makes at least one guess")
-    return pairs
 
 
 def _order_stat_counts(ins: np.ndarray, outs_sorted: np.ndarray, j: int) -> dict:
@@ -586,9 +626,10 @@ def _order_stat_counts(ins: np.ndarray, outs_sorted: np.ndarray, j: int) -> dict
     }
 
 
-def _threshold_eps(method: str, c: dict, delta: float, significance: float) -> float:
-    fn = _b.epsilon_clopper_pearson if method == "clopper_pearson" else _b.epsilon_from_gdp
-    return fn(tp=c["tp"], fp=c["fp"], tn=c["tn"], fn=c["fn"], delta=delta, significance=significance)
+def _threshold_eval(spec: BoundSpec, c: dict, delta: float, significance: float) -> dict:
+    """{"epsilon": ..., **extras} of a registered threshold bound at the counts in ``c``."""
+    eps, extras = spec.evaluate(tp=c["tp"], fp=c["fp"], tn=c["tn"], fn=c["fn"], delta=delta, significance=significance)
+    return {"epsilon": eps, **extras}
 
 
 def _split(rng: np.random.Generator, arr: np.ndarray, fraction: float, name: str):

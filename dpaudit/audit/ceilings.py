@@ -4,7 +4,8 @@ A lower bound can never exceed what perfect evidence allows: with m canaries, ev
 attack that is right every time proves at most the "ceiling". A bound of 0.9 from a
 method whose ceiling is 3.5 says something very different from a bound of 0.9 from a
 method whose ceiling is 1.0. ``python -m dpaudit.audit`` prints the table in
-``docs/ceilings.md``.
+``docs/ceilings.md``; :func:`one_run_ceiling` gives the ceiling of one run's m, strategy
+and significance (what :func:`dpaudit.audit.decide` compares with the claim).
 """
 
 from __future__ import annotations
@@ -15,14 +16,22 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from dpaudit.audit import bounds as _b
+from dpaudit.audit.registry import get_bound
 from dpaudit.audit.strategy import (
     DEFAULT_FPR_GRID,
     DEFAULT_GUESS_FRACTIONS,
+    DEFAULT_SPLIT_GUESS_FRACTIONS,
+    DEFAULT_STRATEGY,
+    BonferroniStrategy,
+    SplitStrategy,
+    Strategy,
+    distinct_guess_pairs,
     fpr_level_count,
     one_run_guess_counts,
 )
+from dpaudit.errors import InputError
 
-__all__ = ["CeilingRow", "ceiling_table", "format_ceiling_table"]
+__all__ = ["CeilingRow", "ceiling_table", "format_ceiling_table", "one_run_ceiling"]
 
 
 @dataclass(frozen=True)
@@ -64,6 +73,66 @@ def _best_all_correct(fn, m: int, delta: float, significance: float) -> tuple[fl
     return best
 
 
+def one_run_ceiling(
+    *,
+    method: str,
+    num_canaries: int,
+    delta: float,
+    significance: float,
+    strategy: Strategy | None = None,
+) -> float:
+    """The largest epsilon a one-run ``method`` can report for m canaries under ``strategy``.
+
+    Every guess correct, with the selection correction the real computation
+    (:meth:`dpaudit.audit.CanaryScores.bound`) uses:
+
+    * :class:`~dpaudit.audit.BonferroniStrategy` (the default): every distinct (k+, k-) of
+      the grid (default :data:`~dpaudit.audit.DEFAULT_GUESS_FRACTIONS`) at m canaries, all
+      correct, each at ``significance / G`` (G distinct candidates); the best candidate.
+    * :class:`~dpaudit.audit.SplitStrategy`: only the evaluating part counts,
+      m_ev = m - round(fraction * m) canaries; every candidate of the grid (default
+      :data:`~dpaudit.audit.DEFAULT_SPLIT_GUESS_FRACTIONS`) at m_ev, all correct, at the
+      full significance; the best candidate (whichever the choosing part might pick).
+
+    On perfectly separated, balanced scores (n_in = ceil(m / 2)) this is exactly what
+    :meth:`~dpaudit.audit.CanaryScores.bound` returns. ``method`` must be a registered
+    bound of the ``"one_run"`` family (threshold bounds need runs, not canaries: see
+    :func:`ceiling_table`).
+    """
+    spec = get_bound(method)
+    if spec.family != "one_run":
+        raise InputError(f"{method!r} is a {spec.family} bound; one_run_ceiling needs a one-run bound")
+    m = _b._check_count("num_canaries", num_canaries)
+    if m < 1:
+        raise InputError("num_canaries must be at least 1")
+    delta = _b._check_delta(delta)
+    significance = _b._check_significance(significance)
+    strategy = DEFAULT_STRATEGY if strategy is None else strategy
+    if isinstance(strategy, BonferroniStrategy):
+        pairs = distinct_guess_pairs(strategy.grid or DEFAULT_GUESS_FRACTIONS, m)
+        per_test = significance / len(pairs)
+    elif isinstance(strategy, SplitStrategy):
+        m_sel = int(round(strategy.fraction * m))
+        if not 1 <= m_sel <= m - 1:
+            raise InputError(f"a {strategy.fraction} split of {m} canaries leaves a part empty")
+        m = m - m_sel
+        pairs = []
+        for cand in strategy.grid or DEFAULT_SPLIT_GUESS_FRACTIONS:
+            if sum(one_run_guess_counts(cand, m_sel)) == 0:
+                continue  # never chosen: it makes no guess on the choosing part
+            kp, km = one_run_guess_counts(cand, m)
+            pairs.append((kp, km) if kp + km > 0 else (1, 0))  # as CanaryScores: at least one guess
+        if not pairs:
+            raise InputError("no split candidate makes at least one guess")
+        per_test = significance
+    else:
+        raise InputError(f"strategy must be a BonferroniStrategy or a SplitStrategy, got {strategy!r}")
+    return max(
+        spec.evaluate(num_canaries=m, num_guesses=kp + km, num_correct=kp + km, delta=delta, significance=per_test)[0]
+        for kp, km in pairs
+    )
+
+
 def ceiling_table(
     *, ms: Sequence[int] = (100, 1000, 10000), delta: float = 1e-5, significance: float = 0.05
 ) -> list[CeilingRow]:
@@ -71,13 +140,12 @@ def ceiling_table(
     rows = []
     for m in ms:
         m = int(m)
-        # Number of distinct default candidates (what the default Bonferroni divides by).
-        g_one = len({one_run_guess_counts(g, m) for g in DEFAULT_GUESS_FRACTIONS})
+        # Number of distinct default thresholds (what the default Bonferroni divides by).
         g_thr = len({fpr_level_count(a, m) for a in DEFAULT_FPR_GRID})
         one, one_r = _best_all_correct(_b.epsilon_one_run, m, delta, significance)
         fdp, fdp_r = _best_all_correct(_b.epsilon_one_run_fdp, m, delta, significance)
-        one_d, _ = _best_all_correct(_b.epsilon_one_run, m, delta, significance / g_one)
-        fdp_d, _ = _best_all_correct(_b.epsilon_one_run_fdp, m, delta, significance / g_one)
+        one_d = one_run_ceiling(method="one_run", num_canaries=m, delta=delta, significance=significance)
+        fdp_d = one_run_ceiling(method="one_run_fdp", num_canaries=m, delta=delta, significance=significance)
         perfect = dict(tp=m, fp=0, tn=m, fn=0, delta=delta)
         rows.append(
             CeilingRow(

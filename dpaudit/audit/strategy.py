@@ -36,6 +36,7 @@ from numbers import Real
 import numpy as np
 
 from dpaudit.errors import InputError
+from dpaudit.jsonable import jsonable
 
 __all__ = [
     "DEFAULT_GUESS_FRACTIONS",
@@ -106,6 +107,19 @@ def one_run_guess_counts(candidate: Candidate, m: int) -> tuple[int, int]:
     return int((k + 1) // 2), int(k // 2)
 
 
+def distinct_guess_pairs(grid, m: int) -> list[tuple[int, int]]:
+    """Distinct (k+, k-) of a one-run grid at m canaries, in grid order, skipping
+    candidates that make no guess: what Bonferroni evaluates (G = the list's length)."""
+    pairs: list[tuple[int, int]] = []
+    for cand in grid:
+        kp, km = one_run_guess_counts(cand, m)
+        if kp + km > 0 and (kp, km) not in pairs:
+            pairs.append((kp, km))
+    if not pairs:
+        raise InputError("no grid candidate makes at least one guess")
+    return pairs
+
+
 def fpr_level_count(candidate: Candidate, n_out: int) -> int:
     """j = floor(a * n_out) non-members let through for an FPR-level candidate a."""
     if isinstance(candidate, tuple) or candidate >= 1.0:
@@ -138,7 +152,7 @@ class BonferroniStrategy(Strategy):
         object.__setattr__(self, "grid", _check_grid(self.grid))
 
     def describe(self) -> dict:
-        return {"name": self.name, "grid": None if self.grid is None else [_jsonable(c) for c in self.grid]}
+        return {"name": self.name, "grid": None if self.grid is None else jsonable(self.grid)}
 
 
 @dataclass(frozen=True)
@@ -171,12 +185,8 @@ class SplitStrategy(Strategy):
             "name": self.name,
             "fraction": self.fraction,
             "seed": self.seed,
-            "grid": None if self.grid is None else [_jsonable(c) for c in self.grid],
+            "grid": None if self.grid is None else jsonable(self.grid),
         }
-
-
-def _jsonable(c: Candidate):
-    return list(c) if isinstance(c, tuple) else c
 
 
 #: The strategy used when none is given.

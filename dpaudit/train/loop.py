@@ -17,7 +17,8 @@ protected units (rows for non-private training, which ignores ``train.dp``).
 
 Run directory (when ``run_dir`` is given):
 
-- ``train_log.jsonl``: one JSON object per step: ``step``, ``train_loss`` (mean per-example
+- ``train_log.jsonl``: a ``step`` 0 record with the evaluation below before any update
+  (the baseline of "did the model learn?"), then one JSON object per step: ``step``, ``train_loss`` (mean per-example
   loss of the batch; null for an empty batch), ``lr``, ``batch_size`` (units), ``examples``
   (rows), ``elapsed_s``, for DP engines ``clipped_fraction``; every ``eval_every`` steps
   and at the last step also ``train_eval_loss``/``train_perplexity`` (on the first
@@ -45,7 +46,6 @@ import json
 import math
 import os
 import shutil
-import sys
 import time
 import warnings
 from dataclasses import dataclass
@@ -53,12 +53,12 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import torch
-from tqdm.auto import tqdm
 
 from dpaudit import accounting
 from dpaudit.config import Config, DPConfig, TrainConfig, load_config, validate
 from dpaudit.errors import InputError
-from dpaudit.rundir import write_json_atomic
+from dpaudit.progress import Progress
+from dpaudit.rundir import DP_EVENT, TRAIN_CHECKS, TRAIN_LOG, write_json_atomic
 from dpaudit.train import checks
 from dpaudit.train.engine import (
     DPSGDEngine,
@@ -450,10 +450,22 @@ def _loop(*, model, tokenizer, engine, spec, train, data, steps, plan, seeds, de
 
     batch_sizes: list[int] = []
     nonfinite = {"updates": 0, "unit_gradients": 0, "losses": 0}
-    log = open(out / "train_log.jsonl", "w") if out is not None else None
+    log = open(out / TRAIN_LOG, "w") if out is not None else None
     started = time.perf_counter()
-    bar = tqdm(total=steps, desc=spec.name.split(":")[-1], file=sys.stderr, disable=None, leave=False)
+    bar = Progress(total=steps, desc="train")
+    eval_kwargs = dict(batch_size=train.microbatch_size, pad_id=pad_id, device=device, autocast_dtype=autocast_dtype)
+
+    def evaluation() -> dict[str, float | None]:
+        loss, ppl = evaluate(model, train_eval_sequences, **eval_kwargs)
+        record = {"train_eval_loss": _finite(loss), "train_perplexity": _finite(ppl)}
+        if eval_sequences:
+            loss, ppl = evaluate(model, eval_sequences, **eval_kwargs)
+            record.update(heldout_loss=_finite(loss), heldout_perplexity=_finite(ppl))
+        return record
+
     try:
+        if log is not None:  # step 0: the model before training, the baseline of "did it learn?"
+            log.write(json.dumps({"step": 0, **evaluation(), "elapsed_s": 0.0}) + "\n")
         for step in range(1, steps + 1):
             chosen = sampler.sample()
             units = [[data.sequences[r] for r in data.units[u]] for u in chosen]
@@ -479,19 +491,15 @@ def _loop(*, model, tokenizer, engine, spec, train, data, steps, plan, seeds, de
             if engine.private:
                 record["clipped_fraction"] = stats.clipped_units / stats.num_units if stats.num_units else None
             if step % train.eval_every == 0 or step == steps:
-                kwargs = dict(batch_size=train.microbatch_size, pad_id=pad_id, device=device, autocast_dtype=autocast_dtype)
-                loss, ppl = evaluate(model, train_eval_sequences, **kwargs)
-                record.update(train_eval_loss=_finite(loss), train_perplexity=_finite(ppl))
-                if eval_sequences:
-                    loss, ppl = evaluate(model, eval_sequences, **kwargs)
-                    record.update(heldout_loss=_finite(loss), heldout_perplexity=_finite(ppl))
+                record.update(evaluation())
             record["elapsed_s"] = round(time.perf_counter() - started, 3)
             if log is not None:
                 log.write(json.dumps(record) + "\n")
                 log.flush()
-            bar.update(1)
-            if record["train_loss"] is not None:
-                bar.set_postfix(loss=f"{record['train_loss']:.3f}", refresh=False)
+            shown = {"loss": record["train_loss"]} if record["train_loss"] is not None else {}
+            if "heldout_perplexity" in record and record["heldout_perplexity"] is not None:
+                shown["heldout_ppl"] = record["heldout_perplexity"]
+            bar.update(1, **shown)
             if out is not None and train.checkpoint_every and step % train.checkpoint_every == 0:
                 (out / "checkpoints").mkdir(exist_ok=True)
                 save_checkpoint(model, tokenizer, out / "checkpoints" / f"step-{step}")
@@ -513,8 +521,8 @@ def _loop(*, model, tokenizer, engine, spec, train, data, steps, plan, seeds, de
         sampler="poisson" if spec.private else spec.sampler,
     )
     summary["seeds"] = seeds.to_dict()
-    write_json_atomic(out / "train_checks.json", summary)
-    write_json_atomic(out / "dp_event.json", dp_record(spec, plan, num_units=data.num_units, steps=steps, batch_size=train.batch_size))
+    write_json_atomic(out / TRAIN_CHECKS, summary)
+    write_json_atomic(out / DP_EVENT, dp_record(spec, plan, num_units=data.num_units, steps=steps, batch_size=train.batch_size))
 
 
 def dp_record(spec: TrainerSpec, plan: PrivacyPlan | None, *, num_units: int, steps: int, batch_size: int) -> dict:

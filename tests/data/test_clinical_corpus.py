@@ -6,11 +6,20 @@ import re
 import subprocess
 import sys
 from collections import Counter
+from importlib import resources
 
 import numpy as np
 import pytest
 
-from dpaudit.data.clinical import DIAGNOSES, generate_clinical_notes
+from dpaudit.data import clinical
+from dpaudit.data.clinical import (
+    COMORBIDITIES,
+    DIAGNOSES,
+    ClinicalVocabularyError,
+    Diagnosis,
+    generate_clinical_notes,
+    load_vocabulary,
+)
 from dpaudit.errors import InputError
 
 
@@ -111,3 +120,96 @@ def test_bad_input():
         generate_clinical_notes(num_patients=3, seed=-1)
     with pytest.raises(TypeError):
         generate_clinical_notes(3, seed=0)  # keyword-only
+
+
+# --------------------------------------------------------------------------------------
+# The vocabulary lives in dpaudit/data/clinical_vocab/*.yaml
+# --------------------------------------------------------------------------------------
+
+# sha256 (as _digest) of generate_clinical_notes(num_patients=20, seed=0). It changes when
+# the vocabulary files or the generator change; update it only for an intended change of
+# the corpus (the corpus seeds the runs, so earlier results would no longer reproduce).
+PINNED_20_SEED0 = "00259a9a5b397de876633d230409af26de7d7a392680719156dc0859ff1a72c2"
+
+
+def test_small_corpus_hash_is_pinned():
+    assert _digest(generate_clinical_notes(num_patients=20, seed=0)) == PINNED_20_SEED0
+
+
+def test_vocabulary_comes_from_the_package_data():
+    vocab_dir = resources.files("dpaudit.data").joinpath(clinical.VOCAB_DIR)
+    assert all(vocab_dir.joinpath(name).is_file() for name in clinical.VOCAB_FILES)
+    assert isinstance(DIAGNOSES, tuple) and len(DIAGNOSES) >= 30
+    assert all(isinstance(d, Diagnosis) and isinstance(d.symptoms, tuple) for d in DIAGNOSES)
+    assert DIAGNOSES[0].name == "community-acquired pneumonia"
+    assert DIAGNOSES[0].labs[0] == ("WBC", 12.5, 19.8, "K/uL", 1)
+    assert COMORBIDITIES[0] == ("hypertension", ("lisinopril 20 mg PO daily", "amlodipine 5 mg PO daily",
+                                                 "losartan 50 mg PO daily"))
+    assert ("obesity", ()) in COMORBIDITIES
+    # read once per process; a fresh read of the same files gives the same vocabulary
+    assert clinical._vocab() is clinical._vocab()
+    assert load_vocabulary(vocab_dir).diagnoses == DIAGNOSES
+
+
+@pytest.fixture
+def vocab_copy(tmp_path):
+    src = resources.files("dpaudit.data").joinpath(clinical.VOCAB_DIR)
+    for name in clinical.VOCAB_FILES:
+        (tmp_path / name).write_text(src.joinpath(name).read_text(encoding="utf-8"), encoding="utf-8")
+    return tmp_path
+
+
+def _edit(path, old, new):
+    text = path.read_text(encoding="utf-8")
+    assert text.count(old) >= 1, old
+    path.write_text(text.replace(old, new, 1), encoding="utf-8")
+
+
+def test_copy_of_vocabulary_loads(vocab_copy):
+    assert load_vocabulary(vocab_copy).diagnoses == DIAGNOSES
+
+
+@pytest.mark.parametrize(
+    ("name", "old", "new", "message"),
+    [
+        # a lab row with a missing bound
+        ("diagnoses.yaml", "- [WBC, 12.5, 19.8, K/uL, 1]", "- [WBC, 12.5, K/uL, 1]",
+         r"diagnoses\.yaml: diagnoses\[0\]\.labs\[0\]: must be \[name, low, high, unit, decimals\]"),
+        # a misspelt key
+        ("diagnoses.yaml", "  symptoms:\n  - productive cough", "  symptom:\n  - productive cough",
+         r"diagnoses\.yaml: diagnoses\[0\]\.symptoms: missing"),
+        # a list that became a string
+        ("patients.yaml", "jobs:\n- teacher", "jobs: teacher\nx:\n- teacher",
+         r"patients\.yaml: jobs: must be a list, got str"),
+        # a template with a field the generator does not supply
+        ("phrasing.yaml", "Contact phone: {phone}.", "Contact phone: {telephone}.",
+         r"phrasing\.yaml: contact\[0\]: template .* unknown field\(s\) \{telephone\}"),
+        # a template that does not parse
+        ("phrasing.yaml", "Labs: {results}.", "Labs: {results.",
+         r"phrasing\.yaml: labs\.templates\[2\]: bad template"),
+        # eleven months
+        ("phrasing.yaml", "- December\n", "",
+         r"phrasing\.yaml: months: must have exactly 12 items, got 11"),
+        # a key the loader does not know
+        ("patients.yaml", "relations:\n", "relatives:\n- a cousin\nrelations:\n",
+         r"patients\.yaml: \(top level\): unknown key\(s\) relatives"),
+        # a plan layout the generator does not have
+        ("phrasing.yaml", "plan_layout: bullets", "plan_layout: table",
+         r"phrasing\.yaml: progress_note\.sections\[0\]\.plan_layout: must be one of"),
+        # YAML that does not parse
+        ("patients.yaml", "allergies:\n", "allergies: [\n",
+         r"patients\.yaml: not valid YAML"),
+    ],
+)
+def test_malformed_vocabulary_names_file_and_key(vocab_copy, name, old, new, message):
+    _edit(vocab_copy / name, old, new)
+    with pytest.raises(ClinicalVocabularyError, match=message) as info:
+        load_vocabulary(vocab_copy)
+    assert str(vocab_copy / name) in str(info.value)
+    assert isinstance(info.value, InputError)  # the command line prints it as one line
+
+
+def test_missing_vocabulary_file(vocab_copy):
+    (vocab_copy / "phrasing.yaml").unlink()
+    with pytest.raises(ClinicalVocabularyError, match=r"phrasing\.yaml cannot be read"):
+        load_vocabulary(vocab_copy)

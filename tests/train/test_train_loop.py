@@ -26,8 +26,10 @@ def data(make_dataset, tokenizer):
     return make_dataset(tokenizer, 24, pad_to=32), make_dataset(tokenizer, 6, seed=9)
 
 
-def read_log(run_dir):
-    return [json.loads(line) for line in (run_dir / "train_log.jsonl").read_text().splitlines()]
+def read_log(run_dir, *, baseline=False):
+    """The per-step records (with ``baseline``: also the step-0 evaluation before training)."""
+    log = [json.loads(line) for line in (run_dir / "train_log.jsonl").read_text().splitlines()]
+    return log if baseline else [r for r in log if r["step"] > 0]
 
 
 def params(model):
@@ -38,8 +40,11 @@ def test_nonprivate_run_directory(tokenizer, data, tmp_path):
     train, held_out = data
     config = cfg("train.checkpoint_every=2", "train.schedule=cosine", "train.warmup_steps=1")
     model = nonprivate(train, tokenizer, seed=0, config=config, run_dir=tmp_path, eval_dataset=held_out)
+    baseline = read_log(tmp_path, baseline=True)[0]
+    assert baseline["step"] == 0 and baseline["heldout_loss"] > 0 and "train_loss" not in baseline
     log = read_log(tmp_path)
     assert [r["step"] for r in log] == [1, 2, 3, 4]
+    assert log[-1]["heldout_loss"] < baseline["heldout_loss"]
     assert all(r["batch_size"] == 8 and math.isfinite(r["train_loss"]) for r in log)
     assert {"heldout_loss", "heldout_perplexity", "train_eval_loss", "train_perplexity"} <= set(log[2]) & set(log[3])
     assert "heldout_loss" not in log[0]

@@ -1,0 +1,256 @@
+"""The audit verdict: does any sound bound contradict the DP claim, and could one have?
+
+    verdict = decide(
+        bounds=[("loss", scores.bound("one_run", delta=1e-5))],
+        claimed_epsilon=8.0,
+        accountant_epsilon=None,
+        ceiling=one_run_ceiling(method="one_run", num_canaries=1000, delta=1e-5, significance=0.05),
+        learned=True,
+    )
+    verdict.status      # "inconclusive": the ceiling (5.23) is below the claim
+    verdict.exit_code   # 3
+
+Four outcomes, decided in this order (exit statuses of the command line in brackets):
+
+1. ``"no_claim"`` (0) -- there is no DP claim to test (a non-private run, or one whose
+   privacy is unknown): nothing can be violated.
+2. ``"violated"`` (1) -- some *sound* bound (one that holds for any (epsilon, delta)-DP
+   mechanism: Steinke et al. 2023, Jagielski et al. 2020) exceeds the claimed epsilon at
+   that bound's delta (the accountant's epsilon at that delta when a curve is given). This
+   wins over everything below: a violation seen is a violation, however weak the audit.
+3. ``"inconclusive"`` (3) -- the audit could not have seen a violation: the model learned
+   nothing (held-out loss no better than at initialisation), or the method's ceiling for
+   these canaries is at or below the claim, or no sound bound was computed.
+4. ``"consistent"`` (0) -- no sound bound exceeds the claim, though one could have. Not a
+   proof of privacy.
+
+Bounds that are not sound (the f-DP and GDP epsilons, which assume a Gaussian trade-off
+curve) never decide anything. The bound reported is the largest sound one (in a
+violation: the largest sound one that violates).
+
+Several bounds (attacks x methods), each at significance alpha_i, are looked at together;
+the verdict holds with confidence at least 1 - sum(alpha_i) over the sound bounds that
+entered it (union bound). :attr:`Verdict.significance` is that sum (capped at 1). To
+keep the verdict at 95%, compute K bounds at 0.05 / K each.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from numbers import Real
+
+from dpaudit.audit.canary_scores import BoundResult
+from dpaudit.errors import InputError
+from dpaudit.jsonable import jsonable
+
+__all__ = ["STATUSES", "Verdict", "decide"]
+
+#: The four verdicts.
+STATUSES: tuple[str, ...] = ("violated", "consistent", "inconclusive", "no_claim")
+_EXIT_CODES = {"violated": 1, "inconclusive": 3, "consistent": 0, "no_claim": 0}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What an audit says about a DP claim (see the module docstring for the rules).
+
+    ``claimed_epsilon`` is the claim the bound was compared with, at ``delta`` (the
+    accountant's epsilon at that delta when a curve was given). ``epsilon_lower_bound``,
+    ``method``, ``attack``, ``num_*`` describe the reported sound bound (None when there is
+    none). ``significance`` is the union-bound level over every sound bound that entered
+    the decision. ``ceiling`` is the one given to :func:`decide`.
+    """
+
+    status: str
+    reason: str
+    claimed_epsilon: float | None
+    delta: float | None
+    epsilon_lower_bound: float | None
+    method: str | None
+    attack: str | None
+    significance: float | None
+    ceiling: float | None
+    num_canaries: int | None
+    num_guesses: int | None
+    num_correct: int | None
+
+    def __post_init__(self):
+        if self.status not in STATUSES:
+            raise InputError(f"status must be one of {STATUSES}, got {self.status!r}")
+
+    @property
+    def exit_code(self) -> int:
+        """Command-line exit status: 1 violated, 3 inconclusive, 0 otherwise."""
+        return _EXIT_CODES[self.status]
+
+    def to_dict(self) -> dict:
+        """Plain JSON (infinities become null); includes ``exit_code``."""
+        return jsonable({**asdict(self), "exit_code": self.exit_code})
+
+    def summary(self) -> str:
+        return f"{self.status}: {self.reason}"
+
+    __str__ = summary
+
+
+# ------------------------------------------------------------------------- checks
+def _check_pairs(bounds) -> list[tuple[str, BoundResult]]:
+    if isinstance(bounds, str | bytes) or not isinstance(bounds, Sequence):
+        raise InputError(f"bounds must be a sequence of (attack name, BoundResult) pairs, got {bounds!r}")
+    pairs = []
+    for item in bounds:
+        if not (isinstance(item, tuple | list) and len(item) == 2):
+            raise InputError(f"each bound must be an (attack name, BoundResult) pair, got {item!r}")
+        attack, bound = item
+        if not isinstance(attack, str):
+            raise InputError(f"attack name must be a string, got {attack!r}")
+        if not isinstance(bound, BoundResult):
+            raise InputError(f"bound for attack {attack!r} must be a BoundResult, got {type(bound).__name__}")
+        pairs.append((attack, bound))
+    return pairs
+
+
+def _check_epsilon(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise InputError(f"{name} must be a number, got {value!r}")
+    value = float(value)
+    if math.isnan(value) or value < 0.0:
+        raise InputError(f"{name} must be >= 0 (or infinity), got {value}")
+    return value
+
+
+def _fmt_delta(delta: float) -> str:
+    return format(delta, "g")
+
+
+def _confidence(sig: float, k: int) -> str:
+    if k <= 1:
+        return f"{1.0 - sig:.0%} confidence"
+    return f"joint confidence {1.0 - sig:.0%} over {k} sound bounds (union bound)"
+
+
+def _describe(attack: str, b: BoundResult) -> str:
+    paper = f" ({b.paper})" if b.paper else ""
+    return f"the {b.method} bound{paper} on attack {attack!r}"
+
+
+# ------------------------------------------------------------------------- decide
+def decide(
+    *,
+    bounds: Sequence[tuple[str, BoundResult]],
+    claimed_epsilon: float | None,
+    accountant_epsilon: Callable[[float], float] | None,
+    ceiling: float | None,
+    learned: bool | None,
+) -> Verdict:
+    """The verdict of an audit (rules in the module docstring).
+
+    Args:
+      bounds: (attack name, bound) pairs; only bounds with ``sound=True`` enter.
+      claimed_epsilon: the claim; None (or infinity) when there is none (non-private, or
+        unknown).
+      accountant_epsilon: delta -> the accountant's epsilon at that delta, used at each
+        bound's own delta; None: ``claimed_epsilon`` is used at every delta.
+      ceiling: the method's ceiling for this m, guesses and significance (see
+        :func:`dpaudit.audit.one_run_ceiling`), or None when unknown.
+      learned: whether the model learned (held-out loss below its value at
+        initialisation); None when unknown.
+    """
+    pairs = _check_pairs(bounds)
+    claim = None if claimed_epsilon is None else _check_epsilon("claimed_epsilon", claimed_epsilon)
+    if accountant_epsilon is not None and not callable(accountant_epsilon):
+        raise InputError(f"accountant_epsilon must be a function of delta, or None, got {accountant_epsilon!r}")
+    if ceiling is not None:
+        ceiling = _check_epsilon("ceiling", ceiling)
+    if learned is not None and not isinstance(learned, bool):
+        raise InputError(f"learned must be True, False or None, got {learned!r}")
+
+    sound = [(a, b) for a, b in pairs if b.sound]
+    significance = min(1.0, sum(b.significance for _, b in sound)) if sound else None
+    best = max(sound, key=lambda t: t[1].epsilon) if sound else None
+
+    def verdict(status: str, reason: str, chosen, claim_value) -> Verdict:
+        attack, b = chosen if chosen is not None else (None, None)
+        return Verdict(
+            status=status,
+            reason=reason,
+            claimed_epsilon=claim_value,
+            delta=None if b is None else b.delta,
+            epsilon_lower_bound=None if b is None else b.epsilon,
+            method=None if b is None else b.method,
+            attack=attack,
+            significance=significance,
+            ceiling=ceiling,
+            num_canaries=None if b is None else b.num_canaries,
+            num_guesses=None if b is None else b.num_guesses,
+            num_correct=None if b is None else b.num_correct,
+        )
+
+    # 1. No claim: nothing to violate.
+    if claim is None or math.isinf(claim):
+        what = "the run is non-private" if claim is not None else "the run's privacy is unknown or not claimed"
+        tail = (
+            f"; the best sound bound is epsilon >= {best[1].epsilon:.3f} ({_describe(*best)})"
+            if best is not None
+            else ""
+        )
+        return verdict("no_claim", f"No DP claim to test ({what}), so there is nothing to violate{tail}.", best, None)
+
+    def claim_at(delta: float) -> float:
+        if accountant_epsilon is None:
+            return claim
+        return _check_epsilon(f"accountant_epsilon({delta:g})", accountant_epsilon(delta))
+
+    # 2. A sound bound above the claim at its own delta: violated, whatever else holds.
+    checked = [(a, b, claim_at(b.delta)) for a, b in sound]
+    violators = [t for t in checked if t[1].epsilon > t[2]]
+    if violators:
+        attack, b, c = max(violators, key=lambda t: t[1].epsilon)
+        source = "the accountant's epsilon" if accountant_epsilon is not None else "the claimed epsilon"
+        reason = (
+            f"Attack {attack!r}, {b.method} bound{f' ({b.paper})' if b.paper else ''}: epsilon >= {b.epsilon:.3f} "
+            f"at delta={_fmt_delta(b.delta)}, above {source} {c:.3f} "
+            f"({_confidence(significance, len(sound))}): the run is not ({c:.3f}, {_fmt_delta(b.delta)})-DP "
+            "as claimed."
+        )
+        return verdict("violated", reason, (attack, b), c)
+
+    claim_ref = claim if best is None else claim_at(best[1].delta)
+
+    # 3. Inconclusive: the audit could not have seen a violation.
+    if learned is False:
+        reason = (
+            "The model learned nothing (its held-out loss is no better than at initialisation), so an audit "
+            "of it cannot see a violation of the claim; train a model that learns, then audit it."
+        )
+        return verdict("inconclusive", reason, best, claim_ref)
+    if ceiling is not None and ceiling <= claim_ref:
+        method = f"the {best[1].method} method's" if best is not None else "the method's"
+        m = f" with these {best[1].num_canaries} canaries" if best is not None else ""
+        reason = (
+            f"Even a perfect attack could not show a violation: {method} best possible bound{m} is "
+            f"{ceiling:.3f} <= the claimed epsilon {claim_ref:.3f}; add canaries."
+        )
+        return verdict("inconclusive", reason, best, claim_ref)
+    if best is None:
+        reason = (
+            "No sound bound was computed (estimates under a Gaussian trade-off curve do not count), so the "
+            "audit cannot test the claim; compute a one_run or clopper_pearson bound."
+        )
+        return verdict("inconclusive", reason, None, claim_ref)
+
+    # 4. Consistent, which is not a proof of privacy.
+    attack, b = best
+    ceiling_text = (
+        f"beside a ceiling of {ceiling:.3f} for this method and these canaries"
+        if ceiling is not None
+        else "(no ceiling given)"
+    )
+    reason = (
+        f"The best sound bound, epsilon >= {b.epsilon:.3f} at delta={_fmt_delta(b.delta)} from "
+        f"{_describe(attack, b)}, {ceiling_text}, does not exceed the claimed epsilon {claim_ref:.3f}: "
+        "consistent with the claim, which is not a proof of privacy."
+    )
+    return verdict("consistent", reason, best, claim_ref)

@@ -1,0 +1,136 @@
+"""The stages of a run, one module each, and :func:`run`, which chains them.
+
+prepare -> train (base, then every model) -> fleet -> attack -> extract -> report.
+Every stage reads and writes only through :class:`dpaudit.rundir.RunDir`; a stage whose
+artifacts are in place is skipped, so rerunning :func:`run` on the same directory resumes.
+A model that fails is recorded in its ``error.json`` and the run goes on with the others.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dpaudit.config import Config
+from dpaudit.errors import InputError
+from dpaudit.progress import log_file
+from dpaudit.rundir import RunDir
+
+log = logging.getLogger(__name__)
+
+__all__ = ["RunResult", "run", "attack_run"]
+
+
+@dataclass
+class RunResult:
+    """What :func:`run` did: the run directory, the report (None when not built) and the
+    models that failed (name -> message)."""
+
+    rundir: RunDir
+    report: dict[str, Any] | None = None
+    failed: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
+
+
+def open_run(config: Config, out: str | Path, *, force: bool = False, command: list[str] | None = None) -> RunDir:
+    """Create the run directory, or reopen it for a resume when it holds the same config."""
+    from dpaudit.stages.prepare import derive_seeds
+
+    rundir = RunDir(out)
+    if force and rundir.root.exists():
+        shutil.rmtree(rundir.root)
+    if rundir.exists():
+        stored = rundir.config_path.read_text(encoding="utf-8")
+        if stored != config.to_yaml():
+            raise InputError(f"{rundir.root} holds a run with another config: rerun with the same config to "
+                             f"resume it, or pass --force to start over")
+        log.info("resuming the run in %s", rundir.root)
+        return rundir
+    if rundir.root.exists() and any(rundir.root.iterdir()):
+        raise InputError(f"{rundir.root} exists and is not a dpaudit run directory (pass --force to replace it)")
+    rundir.root.mkdir(parents=True, exist_ok=True)
+    rundir.write_manifest(seeds={"run": config.seed, **derive_seeds(config.seed)}, command=command)
+    rundir.write_config(config)  # last: its presence makes the directory a run
+    return rundir
+
+
+def run(config: Config, *, out: str | Path, force: bool = False, until: str = "report",
+        command: list[str] | None = None) -> RunResult:
+    """Train every model of ``config``, attack them and write the report, in ``out``.
+
+    ``until="train"`` stops after training (``dpaudit train``). Rerunning with the same
+    config on the same ``out`` resumes; ``force=True`` starts over.
+    """
+    if until not in ("train", "report"):
+        raise InputError(f"until must be train or report, got {until!r}")
+    rundir = open_run(config, out, force=force, command=command)
+    with log_file(rundir.log_path):
+        return _run(rundir, config, until=until)
+
+
+def _run(rundir: RunDir, config: Config, *, until: str) -> RunResult:
+    from dpaudit.stages.prepare import derive_seeds, load_prepared, prepare
+    from dpaudit.stages.train import train_base, train_model
+
+    seeds = derive_seeds(config.seed)
+    prepare(rundir, config, seeds)
+    data = load_prepared(rundir, config, seeds)
+    train_base(rundir, config, data, seed=seeds["train"])
+    result = RunResult(rundir)
+    for name in config.model_names():
+        md = rundir.model(name)
+        try:
+            train_model(rundir, config, name, data, seed=seeds["train"])
+            md.clear_error()
+        except Exception as err:  # noqa: BLE001 - a model fails alone; its entry says why
+            _fail(result, md, "train", err)
+    if until == "train":
+        return result
+    result.failed.update(attack_run(rundir, config=config, data=data).failed)
+    from dpaudit.report import build_report
+
+    result.report = build_report(rundir)
+    return result
+
+
+def _fail(result: RunResult, md, stage: str, err: BaseException) -> None:
+    log.error("model %s failed in the %s stage: %s", md.name, stage, err, exc_info=not isinstance(err, InputError))
+    md.write_error(stage=stage, error=err)
+    result.failed[md.name] = f"{stage}: {err}"
+
+
+def attack_run(rundir: RunDir | str | Path, *, config: Config | None = None, data=None,
+               attacks: Sequence[str] | None = None) -> RunResult:
+    """Fleet, attack and extract stages for every trained model of a run directory."""
+    from dpaudit.stages.attack import attack_model, attack_texts, reference_signals
+    from dpaudit.stages.extract import extract_model
+    from dpaudit.stages.fleet import train_reference_fleet
+    from dpaudit.stages.prepare import derive_seeds, load_prepared
+
+    rundir = RunDir(rundir) if not isinstance(rundir, RunDir) else rundir
+    rundir.check()
+    config = config or rundir.read_config()
+    data = data or load_prepared(rundir, config, derive_seeds(config.seed))
+    fleet = train_reference_fleet(rundir, config, data)
+    texts, record_labels, canary_labels = attack_texts(rundir)
+    references, keep = reference_signals(rundir, config, fleet, texts, data.tokenizer)
+    result = RunResult(rundir)
+    for name in config.model_names():
+        md = rundir.model(name)
+        if not md.is_trained():
+            continue
+        try:
+            attack_model(rundir, config, md, texts=texts, record_labels=record_labels, canary_labels=canary_labels,
+                         references=references, keep=keep, attacks=attacks)
+            extract_model(rundir, config, md)
+            md.clear_error()
+        except Exception as err:  # noqa: BLE001
+            _fail(result, md, "attack", err)
+    return result

@@ -1,0 +1,135 @@
+"""Attack stage: signals of a model (and of the shared reference fleet), every membership
+attack, and their metrics on two splits: member vs held-out records, and included vs
+excluded canaries; the latter also gives empirical epsilon lower bounds.
+
+Scores are higher for members (DESIGN.md, section 4). Signals are cached, so rerunning the
+stage after an interrupt only recomputes the attacks, which are cheap.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dpaudit.errors import InputError
+from dpaudit.rundir import ModelDir, RunDir
+
+log = logging.getLogger(__name__)
+
+FPRS = (0.1, 0.01, 0.001)
+DEFAULT_DELTA = 1e-5  # for canary bounds of a non-private model, where no delta was chosen
+SIGNIFICANCE = 0.05  # of the largest bound over all attacks (Bonferroni over the attacks)
+
+
+def run_attacks(
+    inputs, *, names: Sequence[str] | None, params: dict[str, dict[str, Any]] | None = None
+) -> dict[str, np.ndarray]:
+    """Scores (higher = member) of each named attack, or of every attack the inputs allow;
+    ``params[name]`` holds keyword parameters of attack ``name`` (defaults otherwise)."""
+    from dpaudit.attacks import available_attacks, get_attack, runnable_attacks
+
+    if names is None:
+        names = runnable_attacks(inputs)
+    else:
+        unknown = sorted(set(names) - set(available_attacks()))
+        if unknown:
+            raise InputError(f"unknown attack(s) {', '.join(unknown)}: known are {', '.join(available_attacks())}")
+    scores = {}
+    for name in names:
+        attack = get_attack(name, **(params or {}).get(name, {}))
+        if not attack.can_run(inputs):
+            raise InputError(f"attack {name!r} needs {', '.join(sorted(attack.requires))}, which this audit lacks")
+        scores[name] = attack.score(inputs)
+    return scores
+
+
+def split_metrics(
+    scores: np.ndarray, labels: np.ndarray, *, bounds_delta: float | None, seed: int, significance: float = SIGNIFICANCE
+) -> dict[str, Any]:
+    """AUC (with a bootstrap interval), TPR at FPR, balanced accuracy; with ``bounds_delta``
+    also every registered one-run epsilon lower bound of a canary audit at ``significance``."""
+    from dpaudit.audit import CanaryScores
+
+    labels = np.asarray(labels, dtype=bool)
+    cs = CanaryScores(in_scores=scores[labels], out_scores=scores[~labels], seed=seed)
+    ci = cs.bootstrap_ci("auc", num_samples=200, confidence=0.95, seed=seed)
+    out: dict[str, Any] = {
+        "auc": float(cs.auc()),
+        "auc_ci": [ci.low, ci.high],
+        "tpr_at_fpr": {str(a): cs.tpr_at_fpr(a).value for a in FPRS},
+        "balanced_accuracy": float(cs.balanced_accuracy()),
+        "num_in": int(labels.sum()),
+        "num_out": int((~labels).sum()),
+    }
+    if bounds_delta is not None:
+        out["epsilon_lower_bounds"] = {
+            name: cs.bound(name, delta=bounds_delta, significance=significance).to_dict()
+            for name in ("one_run", "one_run_fdp", "gdp")
+        }
+    return out
+
+
+def model_id(model_dir: Path) -> str:
+    """Identity of saved weights for the signal cache: path, size and modification time."""
+    parts = []
+    for f in sorted(Path(model_dir).glob("*.safetensors")):
+        st = f.stat()
+        parts.append(f"{f.resolve()}:{st.st_size}:{st.st_mtime_ns}")
+    return "|".join(parts) or str(Path(model_dir).resolve())
+
+
+def attack_texts(rundir: RunDir) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """The texts every model is scored on (records, then canaries), and the labels of both splits."""
+    candidates = rundir.read_candidates()
+    canaries = rundir.read_canaries()
+    texts = [c["text"] for c in candidates] + [c.text for c in canaries]
+    return texts, np.array([c["role"] == "member" for c in candidates]), np.array([c.included for c in canaries], bool)
+
+
+def reference_signals(rundir: RunDir, config, fleet, texts: list[str], tokenizer):
+    """Signals of the fleet's models (cached in ``signals/``) and their keep matrix."""
+    if fleet is None:
+        return (), None
+    from dpaudit.models import load_model
+    from dpaudit.signals import cached_signals
+
+    keep, dirs = fleet
+    kw = dict(batch_size=config.attack.batch_size, max_length=config.data.max_length, device=config.train.device)
+    refs = tuple(cached_signals(rundir.root, f"reference-{j:03d}", load_model(d), tokenizer, texts,
+                                model_id=model_id(d), **kw) for j, d in enumerate(dirs))
+    return refs, keep
+
+
+def attack_model(rundir: RunDir, config, md: ModelDir, *, texts: list[str], record_labels: np.ndarray,
+                 canary_labels: np.ndarray, references, keep, attacks: Sequence[str] | None = None) -> dict[str, Any]:
+    """``models/NAME/results/``: every attack on one model; returns the records' metrics."""
+    from dpaudit.attacks import AttackInputs, get_attack
+    from dpaudit.models import load_model
+    from dpaudit.signals import cached_signals
+
+    kw = dict(batch_size=config.attack.batch_size, max_length=config.data.max_length, device=config.train.device)
+    tokenizer = rundir.read_tokenizer()
+    target = cached_signals(md.root, "target", load_model(md.weights), tokenizer, texts,
+                            model_id=model_id(md.weights), **kw)
+    inputs = AttackInputs(target=target, texts=texts, references=tuple(references), reference_keep=keep)
+    params = config.attack.params
+    scores = run_attacks(inputs, names=attacks if attacks is not None else config.attack.attacks or None, params=params)
+
+    dp_event = md.read_dp_event() or {}
+    delta = float(dp_event.get("delta") or DEFAULT_DELTA)
+    significance = SIGNIFICANCE / len(scores)  # the max over attacks holds at SIGNIFICANCE
+    n = len(record_labels)
+    summary = {}
+    for name, s in scores.items():
+        records = split_metrics(s[:n], record_labels, bounds_delta=None, seed=config.seed)
+        splits = {"members": (s[:n], record_labels, records)}
+        if canary_labels.any() and not canary_labels.all():
+            canary = split_metrics(s[n:], canary_labels, bounds_delta=delta, seed=config.seed, significance=significance)
+            splits["canaries"] = (s[n:], canary_labels, canary)
+        md.write_results(name, params=get_attack(name, **params.get(name, {})).get_params(), splits=splits)
+        summary[name] = records
+    return summary

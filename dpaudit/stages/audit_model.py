@@ -1,0 +1,102 @@
+"""``dpaudit audit-model``: black-box membership audit of a released model from two text files.
+
+The output directory has the layout of a run with one model (``models/NAME/results/``),
+so the same report reads it. No DP claim is known for such a model: its privacy is
+"unknown", never "non-private".
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dpaudit.errors import InputError
+from dpaudit.rundir import RunDir
+from dpaudit.stages.attack import run_attacks, split_metrics
+
+
+def read_texts(path: str | Path) -> list[str]:
+    """Texts from jsonl (a ``text`` field per line) or txt (one text per line)."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"text file not found: {path}")
+    texts: list[str] = []
+    with path.open(encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            if path.suffix in (".jsonl", ".json"):
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:
+                    raise InputError(f"{path}:{number} is not valid JSON") from None
+                if not isinstance(record, dict) or not isinstance(record.get("text"), str):
+                    raise InputError(f"{path}:{number} has no string field 'text'")
+                texts.append(record["text"])
+            else:
+                texts.append(line.rstrip("\n"))
+    if not texts:
+        raise InputError(f"{path} holds no texts")
+    return texts
+
+
+def audit_model(
+    model_dir: str | Path,
+    *,
+    members: str | Path,
+    nonmembers: str | Path,
+    reference_models: Sequence[str | Path] = (),
+    out: str | Path,
+    attacks: Sequence[str] | None = None,
+    batch_size: int = 16,
+    max_length: int = 512,
+    device: str = "auto",
+    trust_remote_code: bool = False,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Every attack the inputs allow, measured on the given members against the given
+    non-members; results in ``OUT/models/<model dir name>/results/``."""
+    from dpaudit.attacks import AttackInputs, get_attack
+    from dpaudit.data.tokenizer import load_tokenizer
+    from dpaudit.models import load_model
+    from dpaudit.signals import compute_signals
+
+    member_texts, nonmember_texts = read_texts(members), read_texts(nonmembers)
+    texts = member_texts + nonmember_texts
+    labels = np.array([True] * len(member_texts) + [False] * len(nonmember_texts))
+    kw = dict(batch_size=batch_size, max_length=max_length, device=device, progress=progress)
+
+    def signals_of(path):
+        model = load_model(path, trust_remote_code=trust_remote_code)
+        try:
+            tokenizer = load_tokenizer(path, trust_remote_code=trust_remote_code)
+        except (OSError, ValueError) as err:
+            raise InputError(f"{path} has no usable tokenizer: {str(err).splitlines()[0]}") from None
+        return compute_signals(model, tokenizer, texts, **kw)
+
+    target = signals_of(model_dir)
+    references = tuple(signals_of(path) for path in reference_models)
+    inputs = AttackInputs(target=target, texts=texts, references=references, reference_keep=None)
+    scores = run_attacks(inputs, names=attacks)
+
+    rundir = RunDir(out)
+    rundir.root.mkdir(parents=True, exist_ok=True)
+    md = rundir.model(Path(model_dir).resolve().name or "model")
+    summary = {}
+    for name, s in scores.items():
+        metrics = split_metrics(s, labels, bounds_delta=None, seed=0)
+        md.write_results(name, params=get_attack(name).get_params(), splits={"members": (s, labels, metrics)})
+        summary[name] = metrics
+    rundir.write_audit_inputs({
+        "model": str(model_dir),
+        "reference_models": [str(p) for p in reference_models],
+        "members": {"path": str(members), "count": len(member_texts)},
+        "nonmembers": {"path": str(nonmembers), "count": len(nonmember_texts)},
+        "max_length": max_length,
+    })
+    rundir.write_manifest(seeds={})
+    return summary

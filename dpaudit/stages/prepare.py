@@ -1,0 +1,124 @@
+"""Prepare stage: corpus -> public / member / held-out split by unit -> canaries ->
+tokenizer, written once as ``data/``; every later stage reads the data back from there.
+
+The public units (``data.public_fraction``) are disjoint from every private one: the
+tokenizer is trained on them (not on private text) and so is the base model. The private
+units are split into members and held-out records; each canary goes in with probability
+``canaries.inclusion_prob`` (DESIGN.md, section 2).
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from dpaudit.config import Config
+from dpaudit.errors import InputError
+from dpaudit.rundir import RunDir, staged_directory
+
+SEED_NAMES = ("corpus", "split", "canaries", "insertion", "train", "public")
+
+
+def derive_seeds(seed: int) -> dict[str, int]:
+    """One run seed split into named child seeds with ``SeedSequence.spawn``."""
+    children = np.random.SeedSequence(seed).spawn(len(SEED_NAMES))
+    return {name: int(child.generate_state(1)[0]) for name, child in zip(SEED_NAMES, children)}
+
+
+@dataclass
+class PreparedData:
+    """What the trainers and the attacks need, read back from ``data/``."""
+
+    tokenizer: Any
+    candidates: list[dict]  # {"text", "unit_id", "role"}: the records the attacks score
+    canaries: list  # list[dpaudit.canaries.Canary]
+    train_set: Any  # tokenized members with the included canaries inserted
+    eval_set: Any  # tokenized held-out records
+    public_set: Any | None  # tokenized public records, or None
+
+
+def prepare(rundir: RunDir, config: Config, seeds: dict[str, int]) -> None:
+    """Write ``data/`` unless it is already in place."""
+    if rundir.data_complete():
+        return
+    from dpaudit.canaries import add_canary_tokens, load_canary_spec, make_canaries
+    from dpaudit.data.corpus import load_corpus, split_by_unit
+    from dpaudit.data.tokenizer import load_tokenizer, train_tokenizer
+    from dpaudit.models import check_tokenizer_fits, load_model_config
+
+    d = config.data
+    corpus = load_corpus(source=d.source, text_column=d.text_column, unit_column=d.unit_column, split=d.split,
+                         num_patients=d.num_patients, seed=seeds["corpus"],
+                         trust_remote_code=config.model.trust_remote_code)
+    if any(config.for_model(n).train.dp.unit == "user" for n in config.model_names()) and d.unit_column is None:
+        raise InputError("train.dp.unit is 'user' but data.unit_column is not set: users need a unit column")
+    public = None
+    if d.public_fraction > 0:
+        corpus, public, _ = split_by_unit(corpus, holdout_fraction=d.public_fraction, seed=seeds["public"])
+    members, heldout, split = split_by_unit(corpus, holdout_fraction=d.holdout_fraction, seed=seeds["split"])
+    if len(members) == 0 or len(heldout) == 0:
+        raise InputError(f"the corpus has too few units ({len(corpus)} rows) to split into members and held-out records")
+    if public is not None:
+        split["public_units"] = sorted(set(public["unit_id"]))
+
+    spec = load_canary_spec(config.canaries.set)
+    if config.model.lora.enabled and spec["kind"] == "new_token" and config.canaries.num:
+        warnings.warn(
+            "LoRA trains only the adapters, so the embeddings of new-token canaries stay untrained: "
+            "such canaries cannot be learned; use canaries.set=random_secret or pii with LoRA",
+            UserWarning,
+            stacklevel=2,
+        )
+    canaries = make_canaries(spec=spec, num_canaries=config.canaries.num, seed=seeds["canaries"],
+                             repetitions=config.canaries.repetitions, inclusion_prob=config.canaries.inclusion_prob)
+    trust = config.model.trust_remote_code
+    if config.model.base_model:
+        load_model_config(config.model.base_model, trust_remote_code=trust)  # fail early on a non-model
+    tokenizer_path = config.tokenizer.path or config.model.base_model
+    if tokenizer_path:
+        tokenizer = load_tokenizer(tokenizer_path, trust_remote_code=trust)
+    else:  # trained on public text where there is some: private text never shapes the vocabulary then
+        source = public if public is not None else members
+        tokenizer = train_tokenizer(source["text"], vocab_size=config.tokenizer.vocab_size)
+    if config.model.base_model:
+        check_tokenizer_fits(config.model.base_model, tokenizer, trust_remote_code=trust)
+    add_canary_tokens(tokenizer, spec)
+
+    candidates = [{"text": r["text"], "unit_id": r["unit_id"], "role": role}
+                  for role, rows in (("member", members), ("heldout", heldout)) for r in rows]
+    public_rows = [{"text": r["text"], "unit_id": r["unit_id"]} for r in public] if public is not None else []
+    with staged_directory(rundir.data_dir) as stage:
+        RunDir.write_data(stage, split=split, candidates=candidates, public=public_rows, canaries=canaries,
+                          spec=spec, tokenizer=tokenizer)
+
+
+def load_prepared(rundir: RunDir, config: Config, seeds: dict[str, int]) -> PreparedData:
+    """The tokenized train, held-out and public sets, rebuilt from ``data/`` alone."""
+    import datasets
+
+    from dpaudit.canaries import insert_canaries
+    from dpaudit.data.corpus import tokenize_dataset
+
+    tokenizer = rundir.read_tokenizer()
+    candidates = rundir.read_candidates()
+    canaries = rundir.read_canaries()
+
+    def rows(items):
+        return datasets.Dataset.from_dict({"text": [r["text"] for r in items], "unit_id": [r["unit_id"] for r in items]})
+
+    members = rows([c for c in candidates if c["role"] == "member"])
+    heldout = rows([c for c in candidates if c["role"] == "heldout"])
+    train_rows = insert_canaries(members, canaries, seed=seeds["insertion"]) if canaries else members
+    kw = dict(max_length=config.data.max_length)
+    public = rundir.read_public()
+    return PreparedData(
+        tokenizer=tokenizer,
+        candidates=candidates,
+        canaries=canaries,
+        train_set=tokenize_dataset(train_rows, tokenizer, **kw),
+        eval_set=tokenize_dataset(heldout, tokenizer, **kw),
+        public_set=tokenize_dataset(rows(public), tokenizer, **kw) if public else None,
+    )
