@@ -11,4 +11,13 @@ try:
 except PackageNotFoundError:  # running from a source tree that was never installed
     __version__ = "0.0.0+unknown"
 
-__all__ = ["__version__"]
+__all__ = ["__version__", "run"]
+
+
+def __getattr__(name: str):
+    """``dpaudit.run`` is :func:`dpaudit.stages.run`, imported on first use (it pulls in torch)."""
+    if name == "run":
+        from dpaudit.stages import run
+
+        return run
+    raise AttributeError(f"module 'dpaudit' has no attribute {name!r}")

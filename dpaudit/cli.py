@@ -76,6 +76,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     p.set_defaults(handler=cmd_audit_model)
 
+    p = sub.add_parser("validate", help="does a DP-SGD trainer earn its claimed (epsilon, delta)? one run with canaries",
+                       description="Train once with TRAINER (a MODULE:FUNCTION plug-in, imported from the current "
+                       "directory and PYTHONPATH) on the preset's corpus with M canaries, audit the canaries and say "
+                       "violated (exit 1), consistent (exit 0) or inconclusive (exit 3).")
+    p.add_argument("--trainer", required=True, metavar="MODULE:FUNCTION")
+    p.add_argument("--epsilon", type=float, required=True, metavar="E", help="the claimed epsilon")
+    p.add_argument("--delta", type=float, required=True, metavar="D", help="the claimed delta")
+    p.add_argument("--canaries", type=int, metavar="M", help="number of canaries (default: the preset's)")
+    _config_args(p, default="demo")
+    p.add_argument("--out", help="run directory (default: runs/validate-<time>)")
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    p.set_defaults(handler=cmd_validate)
+
     p = sub.add_parser("report", help="rebuild report.json, figures and report.html from saved results")
     p.add_argument("run_dir", metavar="RUN_DIR")
     p.add_argument("--include-texts", action="store_true", help="put member texts into the report")
@@ -158,10 +171,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_attack(args: argparse.Namespace) -> int:
     from dpaudit.stages import attack_run
 
-    result = attack_run(args.run_dir, attacks=_attack_names(args.attacks))
+    names = _attack_names(args.attacks)
+    result = attack_run(args.run_dir, attacks=names)
     models = {name: md.read_results() for name in result.rundir.read_config().model_names()
               if (md := result.rundir.model(name)).results_dir.is_dir()}
-    summary = {name: {a: r["splits"]["members"] for a, r in res.items()} for name, res in models.items()}
+    summary = {name: {a: r["splits"]["members"] for a, r in res.items() if names is None or a in names}
+               for name, res in models.items()}
     text = "\n\n".join(f"{name}:\n{_attack_table(s)}" for name, s in summary.items())
     _emit(args, {"run_dir": str(args.run_dir), "models": summary, "failed": result.failed}, text)
     return EXIT_OK if result.ok else EXIT_FAILED
@@ -187,6 +202,24 @@ def cmd_audit_model(args: argparse.Namespace) -> int:
     )
     report = build_report(args.out, include_texts=args.include_texts)
     return _finish_audit(args, Path(args.out), report)
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    import os
+
+    from dpaudit.stages.validate import JSON_KEYS, validate
+
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())  # the user's trainer module, as `python -m` would find it
+    out = Path(args.out or f"runs/validate-{datetime.now():%Y%m%d-%H%M%S}")
+    result = validate(trainer=args.trainer, epsilon=args.epsilon, delta=args.delta, canaries=args.canaries,
+                      config=args.config, overrides=args.overrides, out=out, command=sys.argv)
+    text = (f"{result['verdict']}: {result['reason']}\n"
+            f"lower bound {_fmt(result['epsilon_lower_bound'], '.3f')} ({result['method'] or 'no sound bound'}) "
+            f"against the claim {args.epsilon:g} at delta {args.delta:g}; the ceiling of this audit is "
+            f"{_fmt(result['ceiling'], '.3f')} ({result['num_canaries']} canaries)\nrun: {out}")
+    _emit(args, {k: result[k] for k in JSON_KEYS}, text)
+    return result["exit_code"]
 
 
 def cmd_report(args: argparse.Namespace) -> int:

@@ -19,13 +19,18 @@
   Memorization Across Neural Language Models", ICLR): a training string ``p || t`` is
   extractable with ``k`` tokens of context when greedy decoding from the ``k``-token
   prefix ``p`` emits exactly ``t``.
+
+* Continuation scores: the mean per-token log-probability of a target (a secret such as a
+  patient's MRN) given the text before it, computed in the same teacher-forced pass that
+  decides greedy extraction (:func:`continuation_scores`, :func:`score_continuations`).
 """
 
 from __future__ import annotations
 
 import math
 import numbers
-from typing import Sequence
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -33,7 +38,15 @@ import torch
 from dpaudit.errors import InputError
 from dpaudit.signals import _check_texts, _place_model, _resolve_device
 
-__all__ = ["exposure", "greedy_extracted", "k_extractable"]
+__all__ = [
+    "ContinuationScores",
+    "continuation_scores",
+    "encode_continuations",
+    "exposure",
+    "greedy_extracted",
+    "k_extractable",
+    "score_continuations",
+]
 
 _METHODS = ("rank", "skewnorm")
 
@@ -118,20 +131,55 @@ def _bos_lead(tokenizer) -> list[int]:
     return [bos] if with_special[:1] == [bos] and plain[:1] != [bos] else []
 
 
-def _greedy_match(
+class ContinuationScores(NamedTuple):
+    """What one teacher-forced pass over ``prefix + target`` says about each target."""
+
+    token_logprobs: list[np.ndarray]
+    """``[i][j]``: natural-log probability of target token ``j`` given the prefix and the
+    target's tokens before it (float64)."""
+    extracted: np.ndarray
+    """bool ``[n]``: greedy decoding from the prefix emits exactly the target's tokens."""
+
+    def mean_logprob(self) -> np.ndarray:
+        """float64 ``[n]``: mean per-token log-probability of each target (nats per token)."""
+        return np.array([float(x.mean()) for x in self.token_logprobs], dtype=np.float64)
+
+    def sum_logprob(self) -> np.ndarray:
+        """float64 ``[n]``: log-probability of each whole target given its prefix."""
+        return np.array([float(x.sum()) for x in self.token_logprobs], dtype=np.float64)
+
+
+def _takes_logits_to_keep(model) -> bool:
+    """Whether ``model.forward`` takes a tensor ``logits_to_keep`` (transformers >= 4.50 causal
+    LMs: the output layer is then applied at those sequence positions only)."""
+    import inspect
+
+    try:
+        params = inspect.signature(type(model).forward).parameters
+    except (TypeError, ValueError):
+        return False
+    return "logits_to_keep" in params
+
+
+def _teacher_forced(
     model, prefixes: list[list[int]], targets: list[list[int]], *, batch_size: int, device
-) -> np.ndarray:
-    """True where greedy decoding from ``prefixes[i]`` emits exactly ``targets[i]``.
+) -> ContinuationScores:
+    """One forward pass over each ``prefix + target`` (batched, sorted by length so that
+    rows of a batch are padded little): the target tokens' log-probabilities and whether
+    greedy decoding from the prefix emits the target.
 
     Greedy decoding emits ``t`` iff at every step the most likely next token given
-    ``prefix + t[:j]`` is ``t[j]`` (each step's context is then exactly that), so one
-    teacher-forced forward pass over ``prefix + target`` decides it; no sampling loop.
-    Ties in the argmax go to the lowest token id, as in ``torch.argmax`` and ``generate``.
+    ``prefix + t[:j]`` is ``t[j]`` (each step's context is then exactly that), so the one
+    teacher-forced pass decides it; no sampling loop. Ties in the argmax go to the lowest
+    token id, as in ``torch.argmax`` and ``generate``. Only the logits at target positions
+    are normalised, and where the model takes ``logits_to_keep`` its output layer is
+    applied there only; the prefix is computed once, in the same pass.
     """
     n = len(prefixes)
-    result = np.zeros(n, dtype=bool)
+    extracted = np.zeros(n, dtype=bool)
+    logprobs: list[np.ndarray] = [np.zeros(0)] * n
     if n == 0:
-        return result
+        return ContinuationScores(logprobs, extracted)
     dev = _place_model(model, _resolve_device(device))
     totals = np.array([len(p) + len(t) for p, t in zip(prefixes, targets)])
     limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
@@ -141,6 +189,7 @@ def _greedy_match(
             f"prefix + target of item {i} is {totals[i]} tokens; the model takes at most {limit}"
         )
     order = np.argsort(-totals, kind="stable")
+    keep_arg = _takes_logits_to_keep(model)
     was_training = model.training
     model.eval()
     try:
@@ -150,28 +199,132 @@ def _greedy_match(
                 seq = int(totals[idx].max())
                 arr = np.zeros((len(idx), seq), dtype=np.int64)
                 att = np.zeros((len(idx), seq), dtype=np.int64)
+                rows, cols, want, bounds = [], [], [], [0]
                 for row, i in enumerate(idx):
-                    ids = prefixes[i] + targets[i]
-                    arr[row, : len(ids)] = ids
-                    att[row, : len(ids)] = 1
+                    p, t = len(prefixes[i]), len(targets[i])
+                    arr[row, : p + t] = prefixes[i] + targets[i]
+                    att[row, : p + t] = 1
+                    rows.extend([row] * t)
+                    cols.extend(range(p - 1, p - 1 + t))  # the logits that predict the target
+                    want.extend(targets[i])
+                    bounds.append(bounds[-1] + t)
+                kw = {}
+                if keep_arg:  # the output layer only where a target token is predicted
+                    keep = np.unique(cols)
+                    kw["logits_to_keep"] = torch.from_numpy(keep).to(dev)
                 logits = model(
                     input_ids=torch.from_numpy(arr).to(dev),
                     attention_mask=torch.from_numpy(att).to(dev),
                     use_cache=False,
+                    **kw,
                 ).logits
-                pred = logits[:, :-1].argmax(dim=-1).cpu().numpy()
+                if keep_arg and logits.shape[1] == len(keep) != seq:
+                    cols = np.searchsorted(keep, cols).tolist()
+                sel = logits[torch.tensor(rows, device=logits.device), torch.tensor(cols, device=logits.device)]
+                want_t = torch.tensor(want, device=logits.device)
+                hit = (sel.argmax(dim=-1) == want_t).cpu().numpy()
+                lp = torch.log_softmax(sel.float(), dim=-1).gather(1, want_t[:, None])[:, 0]
+                lp = lp.double().cpu().numpy()
                 for row, i in enumerate(idx):
-                    p, t = len(prefixes[i]), len(targets[i])
-                    result[i] = bool(np.array_equal(pred[row, p - 1 : p - 1 + t], targets[i]))
+                    a, b = bounds[row], bounds[row + 1]
+                    extracted[i] = bool(hit[a:b].all())
+                    logprobs[i] = lp[a:b].copy()
     finally:
         if was_training:
             model.train()
-    return result
+    return ContinuationScores(logprobs, extracted)
+
+
+def _greedy_match(
+    model, prefixes: list[list[int]], targets: list[list[int]], *, batch_size: int, device
+) -> np.ndarray:
+    """True where greedy decoding from ``prefixes[i]`` emits exactly ``targets[i]``
+    (see :func:`_teacher_forced`)."""
+    return _teacher_forced(model, prefixes, targets, batch_size=batch_size, device=device).extracted
 
 
 def _check_batch(batch_size) -> None:
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise InputError(f"batch_size must be a positive integer, got {batch_size!r}")
+
+
+def encode_continuations(
+    tokenizer, *, prefixes: Sequence[str], targets: Sequence[str], who: str = "encode_continuations"
+) -> tuple[list[list[int]], list[list[int]]]:
+    """Token ids ``(prefix_ids, target_ids)`` of each ``(prefix, target)`` pair, as the
+    model saw them in training when the two were one text.
+
+    The target's tokens are those of ``prefix + target`` after the prefix's tokens (when
+    the joint tokenisation does not start with the prefix's, the target is tokenised
+    alone); the prefix gets the tokenizer's BOS token if it adds one. So a target that
+    starts a new word should carry its leading space (``"MRN" + " 12345678"``).
+    """
+    prefixes = _check_texts(prefixes)
+    targets = _check_texts(targets)
+    if len(prefixes) != len(targets):
+        raise InputError(f"{who}: {len(prefixes)} prefixes but {len(targets)} targets")
+    lead = _bos_lead(tokenizer)
+    p_ids = tokenizer(prefixes, add_special_tokens=False)["input_ids"] if prefixes else []
+    f_ids = (
+        tokenizer([p + t for p, t in zip(prefixes, targets)], add_special_tokens=False)["input_ids"]
+        if prefixes
+        else []
+    )
+    pre, tgt = [], []
+    for i, (p, f) in enumerate(zip(p_ids, f_ids)):
+        p, f = list(p), list(f)
+        if f[: len(p)] == p:
+            t = f[len(p) :]
+        else:
+            t = list(tokenizer(targets[i], add_special_tokens=False)["input_ids"])
+        if not lead and not p:
+            raise InputError(f"{who}: prefix {i} is empty and the tokenizer adds no BOS token")
+        if not t:
+            raise InputError(f"{who}: target {i} is empty")
+        pre.append(lead + p)
+        tgt.append(t)
+    return pre, tgt
+
+
+def score_continuations(
+    model,
+    prefix_ids: Sequence[Sequence[int]],
+    target_ids: Sequence[Sequence[int]],
+    *,
+    batch_size: int = 16,
+    device: str | torch.device = "auto",
+) -> ContinuationScores:
+    """Per-token log-probabilities of each target given its prefix, and whether greedy
+    decoding from the prefix reproduces it, from token ids (e.g. of
+    :func:`encode_continuations`): one batched teacher-forced pass, each prefix computed
+    once for both measures. Items longer than the model's position table raise
+    InputError."""
+    _check_batch(batch_size)
+    pre = [list(map(int, p)) for p in prefix_ids]
+    tgt = [list(map(int, t)) for t in target_ids]
+    if len(pre) != len(tgt):
+        raise InputError(f"score_continuations: {len(pre)} prefixes but {len(tgt)} targets")
+    bad = [i for i, (p, t) in enumerate(zip(pre, tgt)) if not p or not t]
+    if bad:
+        raise InputError(f"score_continuations: item {bad[0]} has an empty prefix or target")
+    return _teacher_forced(model, pre, tgt, batch_size=batch_size, device=device)
+
+
+def continuation_scores(
+    model,
+    tokenizer,
+    *,
+    prefixes: Sequence[str],
+    targets: Sequence[str],
+    batch_size: int = 16,
+    device: str | torch.device = "auto",
+) -> ContinuationScores:
+    """:func:`score_continuations` of texts, tokenised by :func:`encode_continuations`:
+    ``.mean_logprob()`` is the mean per-token log-probability of ``targets[i]`` given
+    ``prefixes[i]``; ``.extracted`` is :func:`greedy_extracted`."""
+    _check_batch(batch_size)
+    pre, tgt = encode_continuations(tokenizer, prefixes=prefixes, targets=targets, who="continuation_scores")
+    return _teacher_forced(model, pre, tgt, batch_size=batch_size, device=device)
 
 
 def greedy_extracted(
@@ -193,31 +346,8 @@ def greedy_extracted(
     prefix gets the tokenizer's BOS token if it adds one. Exactly ``len(target tokens)``
     tokens are compared; what the model would emit after them does not matter.
     """
-    prefixes = _check_texts(prefixes)
-    targets = _check_texts(targets)
-    if len(prefixes) != len(targets):
-        raise InputError(f"greedy_extracted: {len(prefixes)} prefixes but {len(targets)} targets")
     _check_batch(batch_size)
-    lead = _bos_lead(tokenizer)
-    p_ids = tokenizer(prefixes, add_special_tokens=False)["input_ids"] if prefixes else []
-    f_ids = (
-        tokenizer([p + t for p, t in zip(prefixes, targets)], add_special_tokens=False)["input_ids"]
-        if prefixes
-        else []
-    )
-    pre, tgt = [], []
-    for i, (p, f) in enumerate(zip(p_ids, f_ids)):
-        p, f = list(p), list(f)
-        if f[: len(p)] == p:
-            t = f[len(p) :]
-        else:
-            t = list(tokenizer(targets[i], add_special_tokens=False)["input_ids"])
-        if not lead and not p:
-            raise InputError(f"greedy_extracted: prefix {i} is empty and the tokenizer adds no BOS token")
-        if not t:
-            raise InputError(f"greedy_extracted: target {i} is empty")
-        pre.append(lead + p)
-        tgt.append(t)
+    pre, tgt = encode_continuations(tokenizer, prefixes=prefixes, targets=targets, who="greedy_extracted")
     return _greedy_match(model, pre, tgt, batch_size=batch_size, device=device)
 
 

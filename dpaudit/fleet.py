@@ -204,9 +204,12 @@ def train_fleet(
         "candidates_sha256": _dataset_digest(candidates),
         "tokenizer_sha256": _tokenizer_digest(tokenizer),
     }
+    if config.model.base_model:  # the base by its weights, not its path: a run directory may move
+        identity["base_model_sha256"] = _weights_digest(config.model.base_model)
     keep_path = fleet_dir / KEEP_FILE
     if keep_path.exists():
         _check_same_fleet(fleet_dir, keep, unit_ids, config, identity)
+        write_text_atomic(fleet_dir / CONFIG_FILE, config.to_yaml())  # the base's path where it is now
     else:
         if any(_model_dirs(fleet_dir)):
             raise InputError(f"{fleet_dir} holds fleet models but no {KEEP_FILE}: use a new fleet directory")
@@ -504,9 +507,11 @@ def _check_same_fleet(fleet_dir: Path, keep, unit_ids, config: Config, identity:
         refuse(f"seed {int(stored['seed'])}, not {config.seed}")
     if stored["unit_ids"].shape != unit_ids.shape or not np.array_equal(stored["unit_ids"], unit_ids):
         refuse("other candidates (their unit ids differ)")
+    names = {"candidates_sha256": "other candidates", "tokenizer_sha256": "another tokenizer",
+             "base_model_sha256": "another base model"}
     for key, value in identity.items():
         if key in stored and str(stored[key]) != value:
-            refuse("other candidates" if key.startswith("candidates") else "another tokenizer")
+            refuse(names[key])
     if not np.array_equal(stored["keep"], keep):
         refuse("another inclusion matrix")
     config_path = fleet_dir / CONFIG_FILE
@@ -514,7 +519,8 @@ def _check_same_fleet(fleet_dir: Path, keep, unit_ids, config: Config, identity:
         old = load_config(config_path).to_dict()
         new = config.to_dict()
         for section in _TRAINING_SECTIONS:
-            diff = sorted(_diff(old.get(section), new.get(section), section) - {"train.device"})
+            # the base model is compared by its weights above
+            diff = sorted(_diff(old.get(section), new.get(section), section) - {"train.device", "model.base_model"})
             if diff:
                 refuse(f"another training config ({', '.join(diff)} differ)")
 
@@ -554,3 +560,14 @@ def _tokenizer_digest(tokenizer) -> str:
     vocab = sorted(tokenizer.get_vocab().items())
     special = sorted(str(t) for t in getattr(tokenizer, "all_special_tokens", []))
     return hashlib.sha256(json.dumps([vocab, special]).encode()).hexdigest()
+
+
+def _weights_digest(model_dir: str | Path) -> str:
+    """sha256 of a local model's safetensors files (a hub name or other path: the name itself)."""
+    files = sorted(Path(model_dir).glob("*.safetensors")) if Path(model_dir).is_dir() else []
+    h = hashlib.sha256(str(model_dir).encode() if not files else b"")
+    for f in files:
+        with f.open("rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()

@@ -46,19 +46,26 @@ SCHEMA_VERSION = 1
 PACKAGES = ("dpaudit", "torch", "transformers", "datasets", "tokenizers", "dp-accounting", "numpy", "scipy", "peft", "opacus")
 
 
-def write_text_atomic(path: str | Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file in the same directory."""
+@contextlib.contextmanager
+def atomic_file(path: str | Path, mode: str = "w") -> Iterator[Any]:
+    """A file opened on a temporary name beside ``path``; it replaces ``path`` only when
+    the block ends without an error (the one atomic writer: every artifact goes through it)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
+            yield f
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    with atomic_file(path) as f:
+        f.write(text)
 
 
 def write_json_atomic(path: str | Path, obj: Any) -> None:
@@ -67,20 +74,11 @@ def write_json_atomic(path: str | Path, obj: Any) -> None:
 
 
 def write_npz_atomic(path: str | Path, **arrays: Any) -> None:
-    """``np.savez`` (no pickle) through a temporary file in the same directory."""
+    """``np.savez`` (no pickle)."""
     import numpy as np
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    with atomic_file(path, "wb") as f:
+        np.savez(f, **arrays)
 
 
 def read_json(path: str | Path) -> Any:
@@ -334,6 +332,12 @@ class RunDir:
     # the base model
     def base_complete(self) -> bool:
         return (self.base_dir / "config.json").is_file()
+
+    def read_fleet(self) -> tuple[Any, list[Path]] | None:
+        """``(keep [M, n], model dirs)`` of the finished reference models, or None without a fleet."""
+        from dpaudit.fleet import KEEP_FILE, load_fleet
+
+        return load_fleet(self.fleet_dir) if (self.fleet_dir / KEEP_FILE).is_file() else None
 
     # models
     def model(self, name: str) -> ModelDir:

@@ -27,7 +27,6 @@ import contextlib
 import hashlib
 import os
 import re
-import sys
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path

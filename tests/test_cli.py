@@ -54,6 +54,10 @@ def small_gpt2(tmp_path):
     return path
 
 
+# the tiny preset with one model, so that train.* overrides reach it unchanged
+ONE_MODEL = ["--config", "tiny", "--set", "models=[{name: target}]"]
+
+
 def bad_inputs(tmp_path, jsonl, small_gpt2):
     from dpaudit.data.tokenizer import train_tokenizer
 
@@ -67,30 +71,30 @@ def bad_inputs(tmp_path, jsonl, small_gpt2):
     return {
         "missing config": (["--config", str(tmp_path / "missing.yaml")], "config file not found"),
         "unknown preset": (["--config", "enormous"], "unknown preset"),
-        "unknown key": (["--config", "tiny", "--set", "train.batchsize=3"], "unknown config key train.batchsize"),
-        "negative batch": (["--config", "tiny", "--set", "train.batch_size=-1"], "train.batch_size"),
-        "non-numeric batch": (["--config", "tiny", "--set", "train.batch_size=many"], "train.batch_size"),
-        "empty data set": (["--config", "tiny", "--set", f"data.source={empty}"], "empty"),
-        "missing text column": (["--config", "tiny", "--set", f"data.source={notes}"], "text"),
-        "not a model": (["--config", "tiny", "--set", f"model.base_model={not_a_model}"], "not a model"),
+        "unknown key": ([*ONE_MODEL, "--set", "train.batchsize=3"], "unknown config key train.batchsize"),
+        "negative batch": ([*ONE_MODEL, "--set", "train.batch_size=-1"], "train.batch_size"),
+        "non-numeric batch": ([*ONE_MODEL, "--set", "train.batch_size=many"], "train.batch_size"),
+        "empty data set": ([*ONE_MODEL, "--set", f"data.source={empty}"], "empty"),
+        "missing text column": ([*ONE_MODEL, "--set", f"data.source={notes}"], "text"),
+        "not a model": ([*ONE_MODEL, "--set", f"model.base_model={not_a_model}"], "not a model"),
         "tokenizer does not fit": (
-            ["--config", "tiny", "--set", f"model.base_model={small_gpt2}", "--set", f"tokenizer.path={big_tokenizer}"],
+            [*ONE_MODEL, "--set", f"model.base_model={small_gpt2}", "--set", f"tokenizer.path={big_tokenizer}"],
             "does not fit",
         ),
-        "sigma zero": (["--config", "tiny", "--set", "train.trainer=dpaudit.train:dpsgd",
+        "sigma zero": ([*ONE_MODEL, "--set", "train.trainer=dpaudit.train:dpsgd",
                         "--set", "train.dp.noise_multiplier=0"], "noise_multiplier"),
-        "both sigma and target": (["--config", "tiny", "--set", "train.trainer=dpaudit.train:dpsgd",
+        "both sigma and target": ([*ONE_MODEL, "--set", "train.trainer=dpaudit.train:dpsgd",
                                    "--set", "train.dp.noise_multiplier=1.0", "--set", "train.dp.target_epsilon=2.0"],
                                   "noise_multiplier"),
-        "neither sigma nor target": (["--config", "tiny", "--set", "train.trainer=dpaudit.train:dpsgd"],
+        "neither sigma nor target": ([*ONE_MODEL, "--set", "train.trainer=dpaudit.train:dpsgd"],
                                      "noise_multiplier"),
-        "delta out of range": (["--config", "tiny", "--set", "train.trainer=dpaudit.train:dpsgd",
+        "delta out of range": ([*ONE_MODEL, "--set", "train.trainer=dpaudit.train:dpsgd",
                                 "--set", "train.dp.noise_multiplier=1.0", "--set", "train.dp.delta=1.0"], "delta"),
-        "user unit without column": (["--config", "tiny", "--set", "train.trainer=dpaudit.train:dpsgd",
+        "user unit without column": ([*ONE_MODEL, "--set", "train.trainer=dpaudit.train:dpsgd",
                                       "--set", "train.dp.noise_multiplier=1.0", "--set", "train.dp.unit=user",
                                       "--set", f"data.source={notes}", "--set", "data.text_column=body",
                                       "--set", "data.unit_column=null"], "unit"),
-        "bad trainer": (["--config", "tiny", "--set", "train.trainer=no_such_module:train"], "no_such_module"),
+        "bad trainer": ([*ONE_MODEL, "--set", "train.trainer=no_such_module:train"], "no_such_module"),
     }
 
 

@@ -1,44 +1,75 @@
-"""`dpaudit run`, `attack`, `report` and `audit-model` end to end on the tiny preset."""
+"""The tiny sweep end to end: `dpaudit run`, resume after a kill, `attack`, `report`, `audit-model`."""
 
 import json
+import signal
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
 
+import dpaudit
 from dpaudit.cli import main
 
 ATTACKS = {"loss", "zlib", "min_k", "min_k_pp", "reference", "lira_online", "lira_offline", "rmia"}
+MODELS = ["nonprivate", "dp-eps2", "dp-eps8"]
+SETS = ["fleet.num_models=4", "data.holdout_fraction=0.75", "canaries.repetitions=2"]
+
+
+def run_args(out):
+    return ["run", "--config", "tiny", "--out", str(out), *(a for s in SETS for a in ("--set", s))]
 
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("runs") / "tiny"
-    sets = ["fleet.num_models=4", "data.holdout_fraction=0.75", "canaries.repetitions=2"]
-    code = main(["run", "--config", "tiny", "--out", str(out), *(a for s in sets for a in ("--set", s)), "--json"])
-    assert code == 0
+    code = main([*run_args(out), "--json"])
+    assert code in (0, 3)  # the tiny DP models learn too little for a conclusive audit
     return out
 
 
-def test_run_writes_results_for_every_attack(tiny_run):
-    assert {p.stem for p in (tiny_run / "results").glob("*.json")} == ATTACKS
-    result = json.loads((tiny_run / "results" / "loss.json").read_text())
-    assert set(result["splits"]) == {"members", "canaries"}
-    canaries = result["splits"]["canaries"]
-    assert {"one_run", "one_run_fdp", "gdp"} <= set(canaries["epsilon_lower_bounds"])
-    assert canaries["tpr_at_fpr"]["0.01"] is None  # 8 excluded canaries are far too few for 1% FPR
-    arrays = np.load(tiny_run / "results" / "loss.npz")
-    assert arrays["members_scores"].shape == arrays["members_labels"].shape
-    assert (tiny_run / "fleet" / "keep.npz").is_file()
-    assert len(list((tiny_run / "signals").glob("*.npz"))) == 5  # target and four reference models
-    extraction = json.loads((tiny_run / "extraction.json").read_text())
-    assert extraction["included_total"] + extraction["excluded_total"] == 16
+def numbers(report):
+    """Every number of a report, by path (timestamps and paths left out)."""
+    skip = {"created", "manifest", "figures", "run_dir", "config"}
+    out = {}
+
+    def walk(x, path):
+        if isinstance(x, dict):
+            for k, v in x.items():
+                if k not in skip:
+                    walk(v, f"{path}.{k}")
+        elif isinstance(x, list):
+            for i, v in enumerate(x):
+                walk(v, f"{path}[{i}]")
+        elif isinstance(x, (int, float)) and not isinstance(x, bool):
+            out[path] = x
+
+    walk(report, "")
+    return out
+
+
+def test_run_holds_every_model_with_every_attack(tiny_run):
+    for name in MODELS:
+        results = tiny_run / "models" / name / "results"
+        assert {p.stem for p in results.glob("*.json")} == ATTACKS
+        result = json.loads((results / "loss.json").read_text())
+        assert set(result["splits"]) == {"members", "canaries"}
+        canaries = result["splits"]["canaries"]
+        assert {"one_run", "one_run_fdp", "gdp"} <= set(canaries["epsilon_lower_bounds"])
+        assert canaries["tpr_at_fpr"]["0.01"] is None  # 8 excluded canaries are far too few for 1% FPR
+        arrays = np.load(results / "loss.npz")
+        assert arrays["members_scores"].shape == arrays["members_labels"].shape
+        extraction = json.loads((tiny_run / "models" / name / "extraction.json").read_text())
+        assert extraction["included_total"] + extraction["excluded_total"] == 16
+    assert len(list((tiny_run / "signals").glob("*.npz"))) == 4  # the fleet's, shared by every model
 
 
 def test_fleet_is_trained_like_the_target(tiny_run):
-    """A quarter of the patients are members and half of the canaries, each twice: so is it
-    for every reference model."""
+    """A quarter of the private patients are members and half of the canaries, each twice:
+    so is it for every reference model."""
     keep = np.load(tiny_run / "fleet" / "keep.npz")["keep"]
-    n_records = len((tiny_run / "candidates.jsonl").read_text().splitlines())
+    n_records = len((tiny_run / "data" / "candidates.jsonl").read_text().splitlines())
     assert keep.shape == (4, n_records + 16)
     assert (keep[:, :n_records].sum(axis=0) == 1).all()
     assert (keep[:, n_records:].sum(axis=0) == 2).all()
@@ -47,68 +78,109 @@ def test_fleet_is_trained_like_the_target(tiny_run):
         assert job["num_rows"] == keep[j, :n_records].sum() + 2 * keep[j, n_records:].sum()
 
 
-def test_report_is_complete_and_hides_texts(tiny_run):
+def test_report_has_a_model_entry_per_model(tiny_run):
     report = json.loads((tiny_run / "report.json").read_text())
-    assert report["schema_version"] == 1
-    assert set(report["attacks"]) == ATTACKS
-    assert report["verdict"] is None  # non-private: nothing to be consistent with
-    # each record is in one of the four reference models, each canary in two
-    assert report["fleet"] == {"num_models": 4, "in_per_text_min": 1, "out_per_text_min": 2}
-    assert any(w.startswith("lira_online: some texts have only 1 reference model") for w in report["warnings"])
+    assert report["schema_version"] == 2
+    assert [m["name"] for m in report["models"]] == MODELS
+    for m in report["models"]:
+        assert {"name", "dp", "utility", "attacks", "audit", "extraction", "verdict"} <= set(m)
+        assert set(m["attacks"]) == ATTACKS
+        assert {"enabled", "noise_multiplier", "sample_rate", "steps", "max_grad_norm", "unit", "delta", "epsilon",
+                "accountant"} <= set(m["dp"])
+        assert {"epsilon_lower_bound", "method", "significance", "num_canaries", "num_guesses", "num_correct",
+                "ceiling"} <= set(m["audit"])
+        assert m["utility"]["heldout_perplexity"] > 1
+    by_name = {m["name"]: m for m in report["models"]}
+    assert by_name["nonprivate"]["dp"]["enabled"] is False and by_name["nonprivate"]["dp"]["epsilon"] is None
+    assert by_name["nonprivate"]["verdict"]["status"] == "no_claim"
+    for name, eps in (("dp-eps2", 2.0), ("dp-eps8", 8.0)):
+        assert by_name[name]["dp"]["epsilon"] == pytest.approx(eps, rel=1e-3)
+        # 16 canaries at delta 1e-3: the method cannot see epsilon 2 or 8, so the audit says so
+        assert by_name[name]["verdict"]["status"] == "inconclusive"
+        assert by_name[name]["audit"]["ceiling"] <= eps
     html = (tiny_run / "report.html").read_text()
-    canary = json.loads((tiny_run / "canaries.json").read_text())["canaries"][0]
-    assert canary["id"] in html and canary["text"] not in html
-    assert "http://" not in html and "https://" not in html
+    canary = json.loads((tiny_run / "data" / "canaries.json").read_text())["canaries"][0]
+    assert canary["text"] not in html  # member texts stay out of the report unless asked for
+    assert canary["id"] in (tiny_run / "tables" / "canaries.csv").read_text()
+    assert "<script" not in html and 'src="http' not in html
 
 
-def test_attack_subset_and_report_rebuild(tiny_run, capsys):
-    assert main(["attack", str(tiny_run), "--attacks", "loss,min_k", "--json"]) == 0
-    out = json.loads(capsys.readouterr().out)
-    assert set(out["attacks"]) == {"loss", "min_k"}
-    assert main(["report", str(tiny_run), "--json"]) == 0
-    captured = capsys.readouterr()
-    report = json.loads(captured.out)
-    assert "warning: lira_online: some texts have only 1 reference model" in captured.err
-    assert set(report["attacks"]) == ATTACKS
-    assert main(["attack", str(tiny_run), "--attacks", "nonsense"]) == 2
+def test_interrupted_run_resumes_to_the_same_report(tiny_run, tmp_path):
+    """Kill a run after its first model is in place; the rerun reuses it and ends with the
+    same numbers as the uninterrupted run."""
+    out = tmp_path / "tiny"
+    # same thread count as the uninterrupted run: CPU training is bit-for-bit repeatable at a given count
+    proc = subprocess.Popen([sys.executable, "-m", "dpaudit", *run_args(out)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    first = out / "models" / MODELS[0] / "model" / "config.json"
+    deadline = time.monotonic() + 240
+    while not first.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert first.exists() and not (out / "report.json").exists()
+    stamp = first.stat().st_mtime_ns
+    assert main(run_args(out)) in (0, 3)
+    assert first.stat().st_mtime_ns == stamp  # the finished model was reused, not retrained
+    resumed = json.loads((out / "report.json").read_text())
+    assert numbers(resumed) == numbers(json.loads((tiny_run / "report.json").read_text()))
 
 
-def test_attack_stage_follows_the_runs_attack_config(tiny_run, tmp_path, capsys):
+def test_run_api_and_force(tiny_run, tmp_path):
+    from dpaudit.config import load_config
+
+    config = load_config("tiny", overrides=SETS)
+    result = dpaudit.run(config, out=tiny_run)  # everything in place: nothing is retrained
+    assert result.ok and [m["name"] for m in result.report["models"]] == MODELS
+
+
+def test_a_failing_model_fails_alone(tmp_path, capsys):
+    out = tmp_path / "run"
+    code = main(["run", "--config", "tiny", "--out", str(out), "--set",
+                 "models=[{name: ok}, {name: bad, train: {trainer: 'dpaudit.train:dpsgd', batch_size: 100000, "
+                 "dp: {noise_multiplier: 1.0}}}]", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert code == 4
+    by_name = {m["name"]: m for m in report["models"]}
+    assert "sampling rate" in by_name["bad"]["error"]  # found when the model trains: it fails alone
+    assert by_name["ok"]["error"] is None and by_name["ok"]["attacks"]
+
+
+def test_attack_subset_and_report_rebuild(tiny_run, tmp_path, capsys):
     import shutil
-
-    import yaml
 
     run = tmp_path / "run"
     shutil.copytree(tiny_run, run)
-    config = yaml.safe_load((run / "config.resolved.yaml").read_text())
-    config["attack"].update(attacks=["loss", "lira_offline"], params={"lira_offline": {"variance": "per_example"}})
-    (run / "config.resolved.yaml").write_text(yaml.safe_dump(config))
-    assert main(["attack", str(run), "--json"]) == 0
-    assert set(json.loads(capsys.readouterr().out)["attacks"]) == {"loss", "lira_offline"}
-    result = json.loads((run / "results" / "lira_offline.json").read_text())
-    assert result["params"] == {"variance": "per_example"}
-    fixed = np.load(tiny_run / "results" / "lira_offline.npz")["members_scores"]
-    assert not np.allclose(np.load(run / "results" / "lira_offline.npz")["members_scores"], fixed)
+    assert main(["attack", str(run), "--attacks", "loss,min_k", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out["models"]["dp-eps2"]) == {"loss", "min_k"}
+    assert main(["report", str(run), "--json"]) in (0, 3)
+    report = json.loads(capsys.readouterr().out)
+    assert [m["name"] for m in report["models"]] == MODELS
+    assert main(["attack", str(run), "--attacks", "nonsense"]) == 2
 
 
 def test_audit_model_with_reference(tiny_run, tmp_path, capsys):
-    rows = [json.loads(line) for line in (tiny_run / "candidates.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (tiny_run / "data" / "candidates.jsonl").read_text().splitlines()]
     members = tmp_path / "members.jsonl"
     members.write_text("".join(json.dumps({"text": r["text"]}) + "\n" for r in rows if r["role"] == "member"))
     nonmembers = tmp_path / "nonmembers.txt"
     nonmembers.write_text("".join(r["text"].replace("\n", " ") + "\n" for r in rows if r["role"] == "heldout"))
     out = tmp_path / "audit"
-    code = main(["audit-model", str(tiny_run / "model"), "--members", str(members), "--nonmembers", str(nonmembers),
-                 "--reference-model", str(tiny_run / "fleet" / "model-000"), "--out", str(out), "--json"])
+    code = main(["audit-model", str(tiny_run / "models" / "nonprivate" / "model"), "--members", str(members),
+                 "--nonmembers", str(nonmembers), "--reference-model", str(tiny_run / "fleet" / "model-000"),
+                 "--out", str(out), "--json"])
     assert code == 0
     result = json.loads(capsys.readouterr().out)
-    assert {"loss", "zlib", "min_k", "min_k_pp", "reference", "lira_offline", "rmia"} <= set(result["attacks"])
-    assert "lira_online" not in result["attacks"]  # needs reference models trained on the members
-    for metrics in result["attacks"].values():
+    (model,) = result["models"]
+    assert {"loss", "zlib", "min_k", "min_k_pp", "reference", "lira_offline", "rmia"} <= set(model["attacks"])
+    assert "lira_online" not in model["attacks"]  # needs reference models trained on the members
+    for metrics in model["attacks"].values():
         assert 0.0 <= metrics["auc"] <= 1.0
         assert set(metrics["tpr_at_fpr"]) == {"0.1", "0.01", "0.001"}
+    assert model["dp"]["enabled"] is None  # someone else's model: its privacy is unknown
     assert (out / "report.html").is_file() and (out / "report.json").is_file()
-    first_member = rows[0]["text"] if rows[0]["role"] == "member" else next(r["text"] for r in rows if r["role"] == "member")
+    first_member = next(r["text"] for r in rows if r["role"] == "member")
     assert first_member not in (out / "report.html").read_text()
 
 
@@ -117,9 +189,10 @@ def test_audit_model_bad_input(tiny_run, tmp_path, capsys):
     empty.write_text("")
     members = tmp_path / "m.txt"
     members.write_text("one text\n")
+    model = tiny_run / "models" / "nonprivate" / "model"
     assert main(["audit-model", str(tmp_path), "--members", str(members), "--nonmembers", str(members)]) == 2
-    assert main(["audit-model", str(tiny_run / "model"), "--members", str(empty), "--nonmembers", str(members)]) == 2
-    assert main(["audit-model", str(tiny_run / "model"), "--members", str(tmp_path / "missing.jsonl"),
+    assert main(["audit-model", str(model), "--members", str(empty), "--nonmembers", str(members)]) == 2
+    assert main(["audit-model", str(model), "--members", str(tmp_path / "missing.jsonl"),
                  "--nonmembers", str(members)]) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err and err.count("error:") == 3

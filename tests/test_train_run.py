@@ -1,4 +1,4 @@
-"""`dpaudit train --config tiny` end to end on the CPU."""
+"""`dpaudit train --config tiny` end to end on the CPU: data, base model, every model."""
 
 import json
 
@@ -17,23 +17,39 @@ def tiny_run(tmp_path_factory):
     return out
 
 
+MODELS = ("nonprivate", "dp-eps2", "dp-eps8")
+
+
 def test_run_directory_is_complete(tiny_run):
-    for name in ("config.resolved.yaml", "manifest.json", "canaries.json", "data_split.json",
-                 "train_log.jsonl", "candidates.jsonl", "model"):
+    for name in ("config.resolved.yaml", "manifest.json", "run.log", "data/canaries.json", "data/split.json",
+                 "data/candidates.jsonl", "data/public.jsonl", "data/tokenizer", "base/config.json"):
         assert (tiny_run / name).exists(), name
     resolved = yaml.safe_load((tiny_run / "config.resolved.yaml").read_text())
     assert resolved["train"]["epochs"] == 1
     manifest = json.loads((tiny_run / "manifest.json").read_text())
     assert manifest["seeds"]["run"] == 0 and manifest["packages"]["torch"]
-    canaries = json.loads((tiny_run / "canaries.json").read_text())["canaries"]
+    canaries = json.loads((tiny_run / "data" / "canaries.json").read_text())["canaries"]
     assert len(canaries) == 16 and {c["included"] for c in canaries} == {True, False}
-    log = [json.loads(line) for line in (tiny_run / "train_log.jsonl").read_text().splitlines()]
-    assert any("heldout_perplexity" in row for row in log)
+    assert sorted(p.name for p in (tiny_run / "models").iterdir()) == sorted(MODELS)
+    for name in MODELS:
+        log = [json.loads(line) for line in (tiny_run / "models" / name / "train_log.jsonl").read_text().splitlines()]
+        assert log[0]["step"] == 0 and any("heldout_perplexity" in row for row in log[1:])
+        event = json.loads((tiny_run / "models" / name / "dp_event.json").read_text())
+        assert (event["epsilon"] is None) == (name == "nonprivate")
+    assert "dp-eps2 train: step" in (tiny_run / "run.log").read_text()  # progress reaches the log file
+
+
+def test_public_data_is_disjoint_from_the_private_data(tiny_run):
+    split = json.loads((tiny_run / "data" / "split.json").read_text())
+    public = set(split["public_units"])
+    assert public and not public & (set(split["member_units"]) | set(split["heldout_units"]))
+    public_rows = [json.loads(x) for x in (tiny_run / "data" / "public.jsonl").read_text().splitlines()]
+    assert {r["unit_id"] for r in public_rows} == public
 
 
 def test_saved_model_loads_with_plain_transformers_and_generates(tiny_run):
-    model = AutoModelForCausalLM.from_pretrained(tiny_run / "model")
-    tokenizer = AutoTokenizer.from_pretrained(tiny_run / "model")
+    model = AutoModelForCausalLM.from_pretrained(tiny_run / "models" / "dp-eps2" / "model")
+    tokenizer = AutoTokenizer.from_pretrained(tiny_run / "models" / "dp-eps2" / "model")
     inputs = tokenizer("Patient presented with", return_tensors="pt")
     with torch.no_grad():
         out = model.generate(**inputs, max_new_tokens=8, do_sample=False, pad_token_id=tokenizer.pad_token_id)
@@ -41,9 +57,9 @@ def test_saved_model_loads_with_plain_transformers_and_generates(tiny_run):
     assert isinstance(tokenizer.decode(out[0]), str)
 
 
-def test_existing_run_directory_is_refused(tiny_run, capsys):
+def test_existing_run_directory_with_another_config_is_refused(tiny_run, capsys):
     assert main(["train", "--config", "tiny", "--out", str(tiny_run)]) == 2
-    assert "already exists" in capsys.readouterr().err
+    assert "another config" in capsys.readouterr().err
 
 
 def test_base_model_from_a_local_directory_with_lora(tmp_path):
@@ -62,11 +78,12 @@ def test_base_model_from_a_local_directory_with_lora(tmp_path):
     out = tmp_path / "run"
     with pytest.warns(UserWarning, match="new-token canaries"):
         code = main(["train", "--config", "tiny", "--out", str(out), "--set", f"model.base_model={base}",
-                     "--set", "model.lora.enabled=true", "--set", "train.steps=3"])
+                     "--set", "model.lora.enabled=true", "--set", "train.steps=3", "--set", "models=[{name: lora}]"])
     assert code == 0
-    model = AutoModelForCausalLM.from_pretrained(out / "model")
-    tuned = AutoTokenizer.from_pretrained(out / "model")
+    assert not (out / "base").exists()  # the user's base model replaces the public pretraining
+    model = AutoModelForCausalLM.from_pretrained(out / "models" / "lora" / "model")
+    tuned = AutoTokenizer.from_pretrained(out / "models" / "lora" / "model")
     assert len(tuned) > len(tokenizer)  # new-token canaries were added ...
     assert model.get_input_embeddings().weight.shape[0] >= len(tuned)  # ... and the embedding grew
-    checks = json.loads((out / "train_checks.json").read_text())
+    checks = json.loads((out / "models" / "lora" / "train_checks.json").read_text())
     assert checks["ok"]

@@ -1,4 +1,4 @@
-"""The audit catches a DP-SGD bug: a trainer that claims noise but adds none is "violated"."""
+"""`dpaudit validate --trainer`: verdicts, exit codes and bad input."""
 
 import json
 
@@ -6,14 +6,83 @@ import pytest
 
 from dpaudit.cli import main
 
+PLUGINS = '''
+import torch
+
+from dpaudit.train import dpsgd
+
+
+def raises(dataset, tokenizer, *, seed):
+    raise RuntimeError("out of coffee")
+
+
+def not_a_model(dataset, tokenizer, *, seed):
+    return {"weights": [1, 2, 3]}
+
+
+def wrapped(dataset, tokenizer, *, seed):
+    """A user's trainer: the toolkit's DP-SGD at sigma 1, no access to the run directory."""
+    from dpaudit.config import load_config
+
+    return dpsgd(dataset, tokenizer, seed=seed, config=load_config("tiny", overrides=[
+        "models=[{name: m}]", "train.trainer=dpaudit.train:dpsgd", "train.dp.noise_multiplier=1.0"]))
+'''
+
+
+@pytest.fixture
+def plugins(tmp_path, monkeypatch):
+    (tmp_path / "my_trainers.py").write_text(PLUGINS)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return tmp_path
+
+
+def validate(capsys, *args):
+    code = main(["validate", "--config", "tiny", "--json", *args])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_readme_example_on_tiny_is_inconclusive(tmp_path, capsys):
+    """16 canaries at delta 1e-3 cannot show any epsilon: the ceiling is 0, so a green
+    'consistent' would mislead."""
+    code, out, _ = validate(capsys, "--trainer", "dpaudit.train:dpsgd", "--epsilon", "3.2", "--delta", "1e-3",
+                            "--set", "train.dp.noise_multiplier=1.0", "--out", str(tmp_path / "v"))
+    result = json.loads(out)
+    assert code == 3 and result["verdict"] == "inconclusive"
+    assert result["ceiling"] <= 3.2 and "canaries" in result["reason"]
+    assert set(result) == {"verdict", "reason", "epsilon_lower_bound", "method", "significance", "num_canaries",
+                           "num_guesses", "num_correct", "claimed_epsilon", "delta", "ceiling"}
+
+
+def test_plug_in_without_a_run_directory(plugins, capsys):
+    code, out, _ = validate(capsys, "--trainer", "my_trainers:wrapped", "--epsilon", "3.2", "--delta", "1e-3",
+                            "--out", str(plugins / "v"))
+    assert code == 3 and json.loads(out)["verdict"] == "inconclusive"
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--trainer", "no_such_module:train", "--epsilon", "1", "--delta", "1e-5"], "no_such_module"),
+    (["--trainer", "my_trainers:raises", "--epsilon", "1", "--delta", "1e-5"], "out of coffee"),
+    (["--trainer", "my_trainers:not_a_model", "--epsilon", "1", "--delta", "1e-5"], "not a causal LM"),
+    (["--trainer", "dpaudit.train:dpsgd", "--epsilon", "0", "--delta", "1e-5"], "--epsilon"),
+    (["--trainer", "dpaudit.train:dpsgd", "--epsilon", "1", "--delta", "1"], "--delta"),
+    (["--trainer", "dpaudit.train:dpsgd", "--epsilon", "1", "--delta", "1e-5", "--canaries", "1"], "--canaries"),
+])
+def test_bad_input_is_one_clear_line(plugins, capsys, args, needle):
+    out = plugins / "v"
+    code, stdout, err = validate(capsys, *args, "--set", "train.dp.noise_multiplier=1.0", "--out", str(out))
+    lines = [x for x in err.splitlines() if x.startswith("dpaudit validate: error:")]
+    assert code == 2 and len(lines) == 1 and needle in lines[0], err
+    assert "Traceback" not in err and stdout == ""
+    assert not out.exists()  # nothing half-written
+
 
 @pytest.mark.slow
 def test_no_noise_trainer_is_caught(tmp_path, capsys):
-    out = tmp_path / "faulty"
-    code = main(["run", "--config", "demo", "--out", str(out), "--json",
-                 "--set", "train.trainer=dpaudit.train.faulty:no_noise", "--set", "train.dp.noise_multiplier=5.0",
-                 "--set", "data.num_patients=200", "--set", "canaries.num=1000", "--set", "fleet.num_models=0"])
-    report = json.loads(capsys.readouterr().out)
-    assert report["privacy"]["epsilon"] < 0.2  # what the faulty trainer claims
-    assert report["empirical_epsilon"]["best"]["epsilon"] > 1.0
-    assert report["verdict"] == "violated" and code == 1
+    code = main(["validate", "--trainer", "dpaudit.train.faulty:no_noise", "--epsilon", "1", "--delta", "1e-5",
+                 "--canaries", "1000", "--set", "data.num_patients=200", "--set", "train.dp.noise_multiplier=5.0",
+                 "--out", str(tmp_path / "v"), "--json"])
+    result = json.loads(capsys.readouterr().out)
+    assert result["verdict"] == "violated" and code == 1
+    assert result["epsilon_lower_bound"] > 1.0

@@ -1,38 +1,30 @@
-"""Report figures: ROC curves on log-log axes, empirical epsilon bounds, training curves.
+"""Report figures, one function per figure, each taking the report dict (pure data).
 
 Figures are built with :class:`matplotlib.figure.Figure` directly: no pyplot, no global
-backend switch (a notebook's interactive backend is left alone), and PNGs are rendered by
-the Agg canvas whatever the session's backend, so they can be drawn from any thread or process. Each figure is
-saved twice, as PNG (embedded in the HTML) and PDF (for print), each under a temporary name
-first and then renamed into place.
+backend switch, PNGs rendered by the Agg canvas. :func:`save_figure` writes PNG (embedded in
+the HTML) and PDF (for print) atomically, without timestamps.
 
-Scores follow the toolkit's convention: higher means "member"; labels are True for members.
+Epsilon axes are logarithmic; a non-private model (accountant epsilon infinite) is drawn at
+the right edge under a tick "no DP". A function returns None when it has nothing to draw.
+Scores follow the toolkit's convention: higher means "member".
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from matplotlib.figure import Figure
 
-__all__ = [
-    "attack_colors",
-    "roc_curve",
-    "plot_roc",
-    "plot_epsilon",
-    "plot_training",
-    "save_figure",
-]
+__all__ = ["FIGURES", "compliance", "utility", "membership", "extraction", "patient_secrets", "roc", "save_figure"]
 
-# The three FPRs that the report tabulates; drawn as faint guides on ROC plots.
 GUIDE_FPRS = (0.1, 0.01, 0.001)
-METHOD_MARKERS = {"clopper_pearson": "o", "one_run": "s", "one_run_fdp": "D", "gdp": "^"}
-_EXTRA_MARKERS = ("v", "P", "X", "*", "<", ">")
+UNIT_MARKERS = {"example": "o", "user": "s"}
+USER_NUDGE = 1.3
 
 
 def _label(text: Any) -> str:
@@ -40,40 +32,7 @@ def _label(text: Any) -> str:
     return str(text).replace("$", r"\$")
 
 
-def attack_colors(names: Iterable[str]) -> dict[str, Any]:
-    """One colour per attack, fixed by sorted name, so every figure agrees."""
-    import matplotlib as mpl
-
-    ordered = sorted(set(names))
-    cmap = mpl.colormaps["tab10" if len(ordered) <= 10 else "tab20"]
-    return {name: cmap(i % cmap.N) for i, name in enumerate(ordered)}
-
-
-def roc_curve(scores: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(fpr, tpr) at every distinct threshold, from (0, 0) to (1, 1); higher score = member.
-
-    Ties are handled by placing the threshold only between distinct score values.
-    """
-    scores = np.asarray(scores, dtype=float).ravel()
-    labels = np.asarray(labels, dtype=bool).ravel()
-    if scores.shape != labels.shape:
-        raise ValueError(f"scores and labels differ in length: {scores.size} vs {labels.size}")
-    keep = np.isfinite(scores)
-    scores, labels = scores[keep], labels[keep]
-    pos, neg = int(labels.sum()), int((~labels).sum())
-    if pos == 0 or neg == 0:
-        raise ValueError("an ROC curve needs both members and non-members")
-    order = np.argsort(-scores, kind="mergesort")
-    s, y = scores[order], labels[order]
-    last_of_run = np.r_[np.nonzero(np.diff(s))[0], s.size - 1]
-    tp = np.cumsum(y)[last_of_run]
-    fp = np.cumsum(~y)[last_of_run]
-    tpr = np.r_[0.0, tp / pos]
-    fpr = np.r_[0.0, fp / neg]
-    return fpr, tpr
-
-
-def save_figure(fig: Figure, directory: str | Path, stem: str, *, dpi: int = 150) -> dict[str, str]:
+def save_figure(fig: Figure, directory: str | Path, stem: str, *, dpi: int = 130) -> dict[str, str]:
     """Write ``stem.png`` and ``stem.pdf`` atomically into ``directory``; return both paths."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -81,7 +40,6 @@ def save_figure(fig: Figure, directory: str | Path, stem: str, *, dpi: int = 150
     for fmt in ("png", "pdf"):
         final = directory / f"{stem}.{fmt}"
         tmp = directory / f".{stem}.{fmt}.{os.getpid()}.tmp"
-        # No timestamps in the files: rebuilding a report from the same inputs gives the same bytes.
         metadata = {"CreationDate": None} if fmt == "pdf" else {"Software": None}
         try:
             fig.savefig(tmp, format=fmt, dpi=dpi, metadata=metadata)
@@ -94,152 +52,277 @@ def save_figure(fig: Figure, directory: str | Path, stem: str, *, dpi: int = 150
     return paths
 
 
-def plot_roc(
-    curves: Mapping[str, tuple[np.ndarray, np.ndarray, int, float | None]],
-    *,
-    colors: Mapping[str, Any],
-    title: str,
-) -> Figure:
-    """ROC curves on log-log axes with the chance diagonal.
+# --------------------------------------------------------------------------- epsilon axis
 
-    ``curves`` maps an attack name to ``(scores, labels, num_out, auc)``; ``auc`` (from the
-    results file) goes in the legend, else it is computed from the curve.
-    Points at FPR or TPR 0 are drawn at the axis floor, half of 1 / (number of non-members).
-    """
-    fig = Figure(figsize=(6.0, 5.0), layout="constrained")
+
+class _EpsAxis:
+    """x positions for models on a log epsilon axis; non-private models at the right edge."""
+
+    def __init__(self, models: Sequence[Mapping[str, Any]]):
+        finite = [m["dp"]["epsilon"] for m in models if m["privacy"] == "dp" and m["dp"]["epsilon"]]
+        self.lo = min(finite) / 2 if finite else 0.5
+        self.hi_finite = max(finite) if finite else 1.0
+        self.nodp = self.hi_finite * 4
+        self.has_nodp = any(m["privacy"] == "non_private" for m in models)
+
+    def x(self, m: Mapping[str, Any]) -> float | None:
+        if m["privacy"] == "non_private":
+            return self.nodp
+        if m["privacy"] == "dp" and m["dp"]["epsilon"]:
+            # patient-level models nudged right so that they do not hide a note-level one at the same epsilon
+            return float(m["dp"]["epsilon"]) * (USER_NUDGE if m["dp"].get("unit") == "user" else 1.0)
+        return None
+
+    def apply(self, ax) -> None:
+        ax.set_xscale("log")
+        right = self.nodp * 1.6 if self.has_nodp else self.hi_finite * 2
+        ax.set_xlim(self.lo, right)
+        if self.has_nodp:
+            ax.axvspan(self.hi_finite * 2, right, color="0.94", zorder=0)
+            ticks = [t for t in (0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128, 256)
+                     if self.lo <= t <= self.hi_finite * 2]
+            ax.set_xticks(ticks + [self.nodp], [format(t, "g") for t in ticks] + ["no DP"])
+            ax.minorticks_off()
+        ax.set_xlabel("accountant ε (recomputed from the DpEvent)")
+
+
+def _points(models, axis: _EpsAxis):
+    return [(m, axis.x(m)) for m in models if axis.x(m) is not None and not m.get("error")]
+
+
+def _marker(m) -> str:
+    return UNIT_MARKERS.get(m["dp"].get("unit") or "", "D")
+
+
+# --------------------------------------------------------------------------- figures
+
+
+def compliance(report: Mapping[str, Any]) -> Figure | None:
+    """Best sound empirical lower bound against the accountant's epsilon, with the ceiling."""
+    models = [m for m in report["models"] if m["privacy"] in ("dp", "non_private")]
+    if not any(m["privacy"] == "dp" for m in models):
+        return None
+    axis = _EpsAxis(models)
+    pts = [(m, x) for m, x in _points(models, axis) if m["audit"]["epsilon_lower_bound"] is not None]
+    values = [m["audit"]["epsilon_lower_bound"] for m, _ in pts]
+    ceilings = [m["audit"]["ceiling"] for m, _ in pts if m["audit"]["ceiling"] is not None]
+    positive = [v for v in values + ceilings if v and v > 0]
+    floor = min([axis.lo / 4] + [v / 3 for v in positive])
+    top = max([axis.hi_finite * 2.5] + [v * 4 for v in positive])
+    fig = Figure(figsize=(8.0, 5.2), layout="constrained")
     ax = fig.add_subplot()
-    floors = []
-    for name in sorted(curves):
-        scores, labels, _, _ = curves[name]
-        labels = np.asarray(labels, dtype=bool)
-        floors.append(0.5 / max(1, int((~labels).sum())))
-        floors.append(0.5 / max(1, int(labels.sum())))
-    floor = min(floors) if floors else 1e-3
-    floor = min(floor, 1e-3)
-    for name in sorted(curves):
-        scores, labels, _, auc = curves[name]
-        fpr, tpr = roc_curve(scores, labels)
-        if auc is None:
-            auc = float(_trapezoid(tpr, fpr))
-        ax.plot(
-            np.clip(fpr, floor, 1.0),
-            np.clip(tpr, floor, 1.0),
-            color=colors.get(name),
-            lw=1.8,
-            drawstyle="steps-post",
-            label=f"{_label(name)} (AUC {auc:.3f})",
-        )
-    grid = np.geomspace(floor, 1.0, 50)
-    ax.plot(grid, grid, ls="--", color="0.5", lw=1.0, label="chance")
-    for a in GUIDE_FPRS:
-        if a >= floor:
-            ax.axvline(a, color="0.85", lw=0.8, zorder=0)
-    ax.set_xscale("log")
+    xs = np.geomspace(axis.lo, axis.hi_finite * 2, 200)
+    ax.fill_between(xs, xs, top, color="#fbe3e3", zorder=0, label="claim violated (bound > accountant ε)")
+    ax.plot(xs, xs, color="#b00020", lw=1.2, label="y = x (bound = claim)")
+    # the ceiling: one line per distinct value (it depends on m, delta and significance only),
+    # across the DP models that share it; the non-private model's separately
+    groups: dict[tuple[bool, float], list[float]] = {}
+    for m, x in pts:
+        c = m["audit"]["ceiling"]
+        if c is not None:
+            groups.setdefault((m["privacy"] == "non_private", round(c, 9)), []).append(x)
+    for i, ((nodp, c), xs_c) in enumerate(sorted(groups.items())):
+        x0, x1 = min(xs_c) / 1.4, max(xs_c) * 1.4
+        ax.plot([x0, x1], [max(c, floor)] * 2, color="tab:purple", ls="--", lw=1.5,
+                label="ceiling: best bound these canaries could give" if i == 0 else None)
+        ax.annotate(f"ceiling {c:.2f}", (x0, max(c, floor)), textcoords="offset points", xytext=(0, 3),
+                    fontsize=7, color="tab:purple")
+    for m, x in pts:
+        b = m["audit"]["epsilon_lower_bound"]
+        y = max(b, floor)
+        color = "0.35" if m["privacy"] == "non_private" else "tab:blue"
+        ax.plot(x, y, marker=_marker(m), ms=9, color=color, markeredgecolor="black", ls="none", zorder=4,
+                fillstyle="full" if b > 0 else "none")
+        ax.annotate("", xy=(x, y * 2.2), xytext=(x, y), zorder=3,
+                    arrowprops={"arrowstyle": "-|>", "color": color, "lw": 1.4})
+        conf = m["audit"]["confidence"]
+        ax.annotate(f"{_label(m['name'])}\n≥ {b:.2f}" + (f" ({conf:.0%})" if conf is not None else ""),
+                    (x, y), textcoords="offset points", fontsize=7.5,
+                    xytext=(8, 10) if m["dp"].get("unit") == "user" else (8, -16))
     ax.set_yscale("log")
-    ax.set_xlim(floor, 1.0)
-    ax.set_ylim(floor, 1.05)
-    ax.set_xlabel("false positive rate (non-members flagged)")
-    ax.set_ylabel("true positive rate (members flagged)")
-    ax.set_title(_label(title))
+    ax.set_ylim(floor / 1.5, top)
+    axis.apply(ax)
+    ax.set_ylabel("best sound empirical ε lower bound")
+    ax.set_title("Compliance: empirical lower bound vs. accountant ε")
+    handles, labels = ax.get_legend_handles_labels()
+    for unit, mk in UNIT_MARKERS.items():
+        if any(m["dp"].get("unit") == unit for m, _ in pts):
+            handles.append(ax.plot([], [], marker=mk, ls="none", color="tab:blue", markeredgecolor="black")[0])
+            labels.append({"example": "note-level DP (one note)", "user": "patient-level DP (one patient)"}[unit])
+    ax.legend(handles, labels, loc="upper left", fontsize=7.5)
     ax.grid(True, which="major", color="0.92")
-    ax.legend(loc="lower right", fontsize=8, frameon=True)
     return fig
 
 
-def plot_epsilon(
-    bounds: Sequence[Mapping[str, Any]],
-    *,
-    colors: Mapping[str, Any],
-    accountant_epsilon: float | None,
-    delta: float | None,
-) -> Figure:
-    """Empirical epsilon lower bounds, one point per (attack, method), attacks on the x axis.
-
-    Colour = attack (as in the ROC plots), marker = method. The accountant's epsilon is a
-    horizontal dashed line when finite: a point above it is a violation.
-    """
-    attacks = sorted({str(b["attack"]) for b in bounds})
-    methods = sorted({str(b["method"]) for b in bounds})
-    markers = dict(METHOD_MARKERS)
-    extra = iter(_EXTRA_MARKERS * (1 + len(methods)))
-    for m in methods:
-        markers.setdefault(m, next(extra))
-    width = 0.6
-    offsets = {m: (i - (len(methods) - 1) / 2) * (width / max(1, len(methods))) for i, m in enumerate(methods)}
-
-    fig = Figure(figsize=(max(5.0, 1.3 * len(attacks) + 3.0), 4.5), layout="constrained")
+def utility(report: Mapping[str, Any]) -> Figure | None:
+    """Held-out perplexity against the accountant's epsilon."""
+    models = report["models"]
+    axis = _EpsAxis(models)
+    pts = [(m, x) for m, x in _points(models, axis) if m["utility"]["heldout_perplexity"] is not None]
+    if not pts:
+        return None
+    fig = Figure(figsize=(7.0, 4.0), layout="constrained")
     ax = fig.add_subplot()
-    top = 0.0
-    for b in bounds:
-        x = attacks.index(str(b["attack"])) + offsets[str(b["method"])]
-        y = float(b["epsilon"])
-        top = max(top, y)
-        ax.plot([x, x], [0, y], color=colors.get(str(b["attack"])), lw=1.0, alpha=0.5)
-        ax.plot(x, y, ls="none", marker=markers[str(b["method"])], ms=8,
-                color=colors.get(str(b["attack"])), markeredgecolor="black", markeredgewidth=0.6)
-        ax.annotate(f"{y:.2f}", (x, y), textcoords="offset points", xytext=(0, 6), ha="center", fontsize=7)
-    handles = [
-        ax.plot([], [], ls="none", marker=markers[m], color="0.6", markeredgecolor="black", label=_label(m))[0]
-        for m in methods
-    ]
-    if accountant_epsilon is not None and np.isfinite(accountant_epsilon):
-        label = f"accountant ε = {accountant_epsilon:.3g}"
-        if delta is not None:
-            label += f" (δ = {delta:.2g})"
-        handles.append(ax.axhline(accountant_epsilon, color="black", ls="--", lw=1.2, label=label))
-        top = max(top, accountant_epsilon)
-    ax.set_xticks(range(len(attacks)), [_label(a) for a in attacks], rotation=20 if len(attacks) > 4 else 0)
-    for tick, name in zip(ax.get_xticklabels(), attacks):
-        tick.set_color(colors.get(name, "black"))
-    ax.set_xlim(-0.6, len(attacks) - 0.4)
-    ax.set_ylim(0, max(top * 1.2, 0.1))
-    ax.set_ylabel("empirical ε lower bound")
-    ax.set_title("Empirical ε lower bounds vs. the accountant")
-    ax.grid(True, axis="y", color="0.92")
-    ax.legend(handles=handles, loc="best", fontsize=8, title="method", title_fontsize=8)
-    return fig
-
-
-def plot_training(records: Sequence[Mapping[str, Any]]) -> Figure:
-    """Training loss and held-out loss against step; held-out perplexity in a second panel."""
-
-    def series(key: str) -> tuple[np.ndarray, np.ndarray]:
-        pts = [(r["step"], r[key]) for r in records if _is_num(r.get("step")) and _is_num(r.get(key))]
-        if not pts:
-            return np.empty(0), np.empty(0)
-        arr = np.asarray(pts, dtype=float)
-        return arr[:, 0], arr[:, 1]
-
-    train = series("train_loss")
-    held = series("heldout_loss")
-    ppl = series("heldout_perplexity")
-    panels = 2 if ppl[0].size else 1
-    fig = Figure(figsize=(6.0 * panels, 4.0), layout="constrained")
-    ax = fig.add_subplot(1, panels, 1)
-    if train[0].size:
-        ax.plot(*train, color="tab:blue", lw=1.2, alpha=0.85, label="train loss")
-    if held[0].size:
-        ax.plot(*held, color="tab:orange", lw=1.8, marker="o", ms=3, label="held-out loss")
-    ax.set_xlabel("step")
-    ax.set_ylabel("loss (nats / token)")
-    ax.set_title("Training")
-    ax.grid(True, color="0.92")
-    if train[0].size or held[0].size:
+    for m, x in pts:
+        y = m["utility"]["heldout_perplexity"]
+        ax.plot(x, y, marker=_marker(m), ms=8, ls="none", color="tab:green", markeredgecolor="black")
+        ax.annotate(_label(m["name"]), (x, y), textcoords="offset points", xytext=(6, 4), fontsize=7.5)
+    init = [m["utility"]["initial_heldout_perplexity"] for m, _ in pts if m["utility"]["initial_heldout_perplexity"]]
+    if init:
+        ax.axhline(np.median(init), color="0.4", ls=":", lw=1.2, label="before fine-tuning (step 0)")
         ax.legend(fontsize=8)
-    if panels == 2:
-        ax2 = fig.add_subplot(1, 2, 2)
-        ax2.plot(*ppl, color="tab:orange", lw=1.8, marker="o", ms=3)
-        if ppl[1].size and np.all(ppl[1] > 0) and ppl[1].max() / ppl[1].min() > 10:
-            ax2.set_yscale("log")
-        ax2.set_xlabel("step")
-        ax2.set_ylabel("held-out perplexity")
-        ax2.set_title("Utility")
-        ax2.grid(True, color="0.92")
+    axis.apply(ax)
+    ax.set_ylabel("held-out perplexity (lower is better)")
+    ax.set_title("Utility vs. ε")
+    ax.grid(True, color="0.92")
     return fig
 
 
-_trapezoid = getattr(np, "trapezoid", None) or getattr(np, "trapz")
+def membership(report: Mapping[str, Any]) -> Figure | None:
+    """AUC, TPR at 1% and at 0.1% FPR against epsilon; members (top) and canaries (bottom)."""
+    models = report["models"]
+    axis = _EpsAxis(models)
+    pts = _points(models, axis)
+    if not pts or not any(m["attacks"] or m["canary_attacks"] for m, _ in pts):
+        return None
+    names = sorted({a for m, _ in pts for key in ("attacks", "canary_attacks") for a in m[key]})
+    import matplotlib as mpl
+
+    cmap = mpl.colormaps["tab10"]
+    colors = {n: cmap(i % 10) for i, n in enumerate(names)}
+    fig = Figure(figsize=(12.0, 6.4), layout="constrained")
+    cols = (("AUC", None), ("TPR at 1% FPR", "0.01"), ("TPR at 0.1% FPR", "0.001"))
+    for row, (key, split) in enumerate((("attacks", "members vs. held-out"), ("canary_attacks", "canaries"))):
+        for col, (what, fpr) in enumerate(cols):
+            ax = fig.add_subplot(2, 3, row * 3 + col + 1)
+            drawn = False
+            for n in names:
+                for unit, ls, mk in (("user", "--", "s"), (None, "-", "o")):
+                    series = []
+                    for m, x in sorted(pts, key=lambda t: t[1]):
+                        if (m["dp"].get("unit") == "user") != (unit == "user"):
+                            continue
+                        s = m[key].get(n)
+                        v = None if s is None else (s["auc"] if fpr is None else s["tpr_at_fpr"].get(fpr))
+                        if v is not None:
+                            series.append((x, v))
+                    if series:
+                        drawn = True
+                        ax.plot(*zip(*series), marker=mk, ms=4, lw=1.2, ls=ls, color=colors[n],
+                                label=_label(n) if unit is None else None)
+            if not drawn:
+                ax.text(0.5, 0.5, "not enough non-members", transform=ax.transAxes, ha="center",
+                        va="center", color="#8a6d00", fontsize=10, style="italic")
+            if fpr is None:
+                ax.axhline(0.5, color="0.6", ls="--", lw=0.8)
+            axis.apply(ax)
+            ax.set_title(f"{what}: {split}", fontsize=9)
+            ax.grid(True, color="0.92")
+            if drawn and col == 0 and row == 0:
+                ax.legend(fontsize=7)
+    return fig
 
 
-def _is_num(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and np.isfinite(x)
+def extraction(report: Mapping[str, Any]) -> Figure | None:
+    """Share of canaries whose secret greedy decoding recovers, included vs. excluded."""
+    models = report["models"]
+    axis = _EpsAxis(models)
+    pts = [(m, x) for m, x in _points(models, axis) if m["extraction"]]
+    if not pts:
+        return None
+    fig = Figure(figsize=(7.0, 4.0), layout="constrained")
+    ax = fig.add_subplot()
+    for side, color, mk, ms in (("excluded", "tab:gray", "o", 5), ("included", "tab:red", "D", 9)):
+        for user in (False, True):
+            series = [(x, m["extraction"][f"{side}_rate"]) for m, x in sorted(pts, key=lambda t: t[1])
+                      if m["extraction"][f"{side}_rate"] is not None and (m["dp"].get("unit") == "user") == user]
+            if series:
+                ax.plot(*zip(*series), marker="s" if user else mk, ms=ms, lw=1.4, color=color,
+                        ls="--" if user else "-", fillstyle="none" if side == "included" else "full",
+                        label=None if user else f"{side} canaries ({'trained on' if side == 'included' else 'never seen'})")
+    axis.apply(ax)
+    ax.set_ylim(-0.03, 1.03)
+    ax.set_ylabel("fraction of secrets extracted")
+    ax.set_title("Extraction (greedy decoding from the canary prefix) vs. ε")
+    ax.grid(True, color="0.92")
+    ax.legend(fontsize=8)
+    return fig
+
+
+def patient_secrets(report: Mapping[str, Any]) -> Figure | None:
+    """Patient-secret extraction by number of notes per patient, one line per model."""
+    models = [m for m in report["models"] if (m["extraction"] or {}).get("patient_secrets")]
+    if not models:
+        return None
+    fig = Figure(figsize=(7.0, 4.0), layout="constrained")
+    ax = fig.add_subplot()
+    for m in models:
+        groups = [g for g in m["extraction"]["patient_secrets"]["groups"]
+                  if g["notes"] is not None and g["member_extracted"] is not None]
+        if groups:
+            unit = m["dp"].get("unit")
+            ls = "--" if unit == "user" else "-"
+            ax.plot([g["notes"] for g in groups], [g["member_extracted"] for g in groups], marker=_marker(m),
+                    ls=ls, label=_label(f"{m['name']} ({unit or 'unknown unit'})"))
+    ax.set_xlabel("notes per patient")
+    ax.set_ylabel("member patients' secret extracted (fraction)")
+    ax.set_title("Patient secrets: note-level vs. patient-level DP")
+    ax.grid(True, color="0.92")
+    ax.legend(fontsize=7.5)
+    return fig
+
+
+def roc(report: Mapping[str, Any], arrays: Mapping[str, Mapping[str, Mapping[str, tuple]]]) -> Figure | None:
+    """Log-log ROC curves (members vs. held-out), one small panel per model."""
+    from dpaudit.audit import roc_curve
+
+    models = [m for m in report["models"] if any("members" in s for s in arrays.get(m["name"], {}).values())]
+    if not models:
+        return None
+    names = sorted({a for m in models for a, s in arrays[m["name"]].items() if "members" in s})
+    import matplotlib as mpl
+
+    cmap = mpl.colormaps["tab10"]
+    colors = {n: cmap(i % 10) for i, n in enumerate(names)}
+    ncols = min(3, len(models))
+    nrows = -(-len(models) // ncols)
+    fig = Figure(figsize=(4.2 * ncols, 3.8 * nrows), layout="constrained")
+    for i, m in enumerate(models):
+        ax = fig.add_subplot(nrows, ncols, i + 1)
+        floor = 1e-3
+        for n in names:
+            pair = arrays[m["name"]].get(n, {}).get("members")
+            if pair is None:
+                continue
+            ins, outs = pair
+            floor = min(floor, 0.5 / max(1, len(outs)), 0.5 / max(1, len(ins)))
+            curve = roc_curve(in_scores=ins, out_scores=outs)
+            auc = (m["attacks"].get(n) or {}).get("auc")
+            dashed = n == "lira_offline"
+            ax.plot(np.clip(curve.fpr, floor, 1), np.clip(curve.tpr, floor, 1), drawstyle="steps-post",
+                    color=colors[n], lw=2.4 if n == "reference" else 1.3, ls="--" if dashed else "-",
+                    label=_label(n) + (f" ({auc:.2f})" if auc is not None else ""))
+        grid = np.geomspace(floor, 1, 50)
+        ax.plot(grid, grid, ls=":", color="0.5", lw=1.0)
+        for a in GUIDE_FPRS:
+            if a >= floor:
+                ax.axvline(a, color="0.88", lw=0.8, zorder=0)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlim(floor, 1)
+        ax.set_ylim(floor, 1.05)
+        ax.set_title(_label(m["name"]), fontsize=10)
+        ax.set_xlabel("FPR", fontsize=8)
+        ax.set_ylabel("TPR", fontsize=8)
+        ax.legend(fontsize=6.5, loc="lower right", title="attack (AUC)", title_fontsize=6.5)
+    return fig
+
+
+# stem -> drawing function of the report dict; roc also takes the score arrays
+FIGURES = {
+    "compliance": compliance,
+    "utility": utility,
+    "membership": membership,
+    "extraction": extraction,
+    "patient_secrets": patient_secrets,
+}

@@ -70,17 +70,40 @@ def run(config: Config, *, out: str | Path, force: bool = False, until: str = "r
     """
     if until not in ("train", "report"):
         raise InputError(f"until must be train or report, got {until!r}")
+    preflight(config)
+    fresh = force or not RunDir(out).exists()
     rundir = open_run(config, out, force=force, command=command)
     with log_file(rundir.log_path):
-        return _run(rundir, config, until=until)
+        return _run(rundir, config, until=until, fresh=fresh)
 
 
-def _run(rundir: RunDir, config: Config, *, until: str) -> RunResult:
+def preflight(config: Config) -> None:
+    """Input errors that need no data, found before anything is written: every model's
+    trainer imports, and a trainer that claims DP gets exactly one of noise_multiplier and
+    target_epsilon."""
+    from dpaudit.plugins import load_trainer
+
+    for name in config.model_names():
+        train = config.for_model(name).train
+        trainer = load_trainer(train.trainer)
+        if getattr(trainer, "claims_dp", False) and (train.dp.noise_multiplier is None) == (train.dp.target_epsilon is None):
+            which = "both" if train.dp.noise_multiplier is not None else "neither"
+            where = f"model {name}: " if len(config.models) > 1 else ""
+            raise InputError(f"{where}{train.trainer} is a DP trainer: train.dp needs exactly one of noise_multiplier "
+                             f"and target_epsilon, got {which}")
+
+
+def _run(rundir: RunDir, config: Config, *, until: str, fresh: bool) -> RunResult:
     from dpaudit.stages.prepare import derive_seeds, load_prepared, prepare
     from dpaudit.stages.train import train_base, train_model
 
     seeds = derive_seeds(config.seed)
-    prepare(rundir, config, seeds)
+    try:
+        prepare(rundir, config, seeds)
+    except BaseException:
+        if fresh:  # bad data: leave nothing behind
+            shutil.rmtree(rundir.root, ignore_errors=True)
+        raise
     data = load_prepared(rundir, config, seeds)
     train_base(rundir, config, data, seed=seeds["train"])
     result = RunResult(rundir)
@@ -109,11 +132,16 @@ def _fail(result: RunResult, md, stage: str, err: BaseException) -> None:
 def attack_run(rundir: RunDir | str | Path, *, config: Config | None = None, data=None,
                attacks: Sequence[str] | None = None) -> RunResult:
     """Fleet, attack and extract stages for every trained model of a run directory."""
-    from dpaudit.stages.attack import attack_model, attack_texts, reference_signals
+    from dpaudit.stages.attack import attack_model, attack_texts, reference_signals, run_delta
     from dpaudit.stages.extract import extract_model
     from dpaudit.stages.fleet import train_reference_fleet
     from dpaudit.stages.prepare import derive_seeds, load_prepared
 
+    from dpaudit.attacks import available_attacks
+
+    unknown = sorted(set(attacks or ()) - set(available_attacks()))
+    if unknown:
+        raise InputError(f"unknown attack(s) {', '.join(unknown)}: known are {', '.join(available_attacks())}")
     rundir = RunDir(rundir) if not isinstance(rundir, RunDir) else rundir
     rundir.check()
     config = config or rundir.read_config()
@@ -122,13 +150,14 @@ def attack_run(rundir: RunDir | str | Path, *, config: Config | None = None, dat
     texts, record_labels, canary_labels = attack_texts(rundir)
     references, keep = reference_signals(rundir, config, fleet, texts, data.tokenizer)
     result = RunResult(rundir)
+    delta = run_delta(rundir, config.model_names())
     for name in config.model_names():
         md = rundir.model(name)
         if not md.is_trained():
             continue
         try:
             attack_model(rundir, config, md, texts=texts, record_labels=record_labels, canary_labels=canary_labels,
-                         references=references, keep=keep, attacks=attacks)
+                         references=references, keep=keep, attacks=attacks, default_delta=delta)
             extract_model(rundir, config, md)
             md.clear_error()
         except Exception as err:  # noqa: BLE001

@@ -21,7 +21,7 @@ from dpaudit.rundir import ModelDir, RunDir
 log = logging.getLogger(__name__)
 
 FPRS = (0.1, 0.01, 0.001)
-DEFAULT_DELTA = 1e-5  # for canary bounds of a non-private model, where no delta was chosen
+DEFAULT_DELTA = 1e-5  # for canary bounds of a run without DP models, where no delta was chosen
 SIGNIFICANCE = 0.05  # of the largest bound over all attacks (Bonferroni over the attacks)
 
 
@@ -48,10 +48,16 @@ def run_attacks(
 
 
 def split_metrics(
-    scores: np.ndarray, labels: np.ndarray, *, bounds_delta: float | None, seed: int, significance: float = SIGNIFICANCE
+    scores: np.ndarray, labels: np.ndarray, *, bounds_delta: float | None, seed: int, significance: float = SIGNIFICANCE,
+    inclusion_prob: float = 0.5,
 ) -> dict[str, Any]:
     """AUC (with a bootstrap interval), TPR at FPR, balanced accuracy; with ``bounds_delta``
-    also every registered one-run epsilon lower bound of a canary audit at ``significance``."""
+    also the epsilon lower bounds of a canary audit at ``significance``.
+
+    The one-run bounds (Steinke et al. 2023, arXiv 2305.08846; Mahloujifar et al. 2024,
+    arXiv 2410.22235) assume each canary went in with probability 1/2; at any other
+    ``inclusion_prob`` they are not computed (a guess "in" is right more often than the
+    analysis allows, so null scores would give a positive bound) and the split says why."""
     from dpaudit.audit import CanaryScores
 
     labels = np.asarray(labels, dtype=bool)
@@ -66,10 +72,13 @@ def split_metrics(
         "num_out": int((~labels).sum()),
     }
     if bounds_delta is not None:
+        methods = ("one_run", "one_run_fdp", "gdp") if inclusion_prob == 0.5 else ("gdp",)
         out["epsilon_lower_bounds"] = {
-            name: cs.bound(name, delta=bounds_delta, significance=significance).to_dict()
-            for name in ("one_run", "one_run_fdp", "gdp")
+            name: cs.bound(name, delta=bounds_delta, significance=significance).to_dict() for name in methods
         }
+        if inclusion_prob != 0.5:
+            out["one_run_refused"] = (f"canaries went in with probability {inclusion_prob:g}; the one-run bounds "
+                                      f"hold only at 1/2 (canaries.inclusion_prob)")
     return out
 
 
@@ -104,8 +113,16 @@ def reference_signals(rundir: RunDir, config, fleet, texts: list[str], tokenizer
     return refs, keep
 
 
+def run_delta(rundir: RunDir, names: Sequence[str]) -> float:
+    """The delta of canary bounds for a model without one of its own (non-private): the
+    smallest delta of the run's DP models, so every point of the report stands at one delta."""
+    deltas = [(rundir.model(n).read_dp_event() or {}).get("delta") for n in names if rundir.model(n).is_trained()]
+    return min((float(d) for d in deltas if d), default=DEFAULT_DELTA)
+
+
 def attack_model(rundir: RunDir, config, md: ModelDir, *, texts: list[str], record_labels: np.ndarray,
-                 canary_labels: np.ndarray, references, keep, attacks: Sequence[str] | None = None) -> dict[str, Any]:
+                 canary_labels: np.ndarray, references, keep, attacks: Sequence[str] | None = None,
+                 default_delta: float = DEFAULT_DELTA) -> dict[str, Any]:
     """``models/NAME/results/``: every attack on one model; returns the records' metrics."""
     from dpaudit.attacks import AttackInputs, get_attack
     from dpaudit.models import load_model
@@ -120,7 +137,7 @@ def attack_model(rundir: RunDir, config, md: ModelDir, *, texts: list[str], reco
     scores = run_attacks(inputs, names=attacks if attacks is not None else config.attack.attacks or None, params=params)
 
     dp_event = md.read_dp_event() or {}
-    delta = float(dp_event.get("delta") or DEFAULT_DELTA)
+    delta = float(dp_event.get("delta") or default_delta)
     significance = SIGNIFICANCE / len(scores)  # the max over attacks holds at SIGNIFICANCE
     n = len(record_labels)
     summary = {}
@@ -128,7 +145,8 @@ def attack_model(rundir: RunDir, config, md: ModelDir, *, texts: list[str], reco
         records = split_metrics(s[:n], record_labels, bounds_delta=None, seed=config.seed)
         splits = {"members": (s[:n], record_labels, records)}
         if canary_labels.any() and not canary_labels.all():
-            canary = split_metrics(s[n:], canary_labels, bounds_delta=delta, seed=config.seed, significance=significance)
+            canary = split_metrics(s[n:], canary_labels, bounds_delta=delta, seed=config.seed, significance=significance,
+                                   inclusion_prob=config.canaries.inclusion_prob)
             splits["canaries"] = (s[n:], canary_labels, canary)
         md.write_results(name, params=get_attack(name, **params.get(name, {})).get_params(), splits=splits)
         summary[name] = records

@@ -23,7 +23,7 @@ def train_reference_fleet(rundir: RunDir, config: Config, data: PreparedData) ->
     import datasets
 
     from dpaudit.data.corpus import tokenize_dataset
-    from dpaudit.fleet import load_fleet, train_fleet
+    from dpaudit.fleet import train_fleet
 
     candidates, canaries = data.candidates, data.canaries
     rows = {
@@ -35,4 +35,4 @@ def train_reference_fleet(rundir: RunDir, config: Config, data: PreparedData) ->
     dataset = tokenize_dataset(datasets.Dataset.from_dict(rows), data.tokenizer, max_length=config.data.max_length)
     train_fleet(fleet_dir=rundir.fleet_dir, candidates=dataset, tokenizer=data.tokenizer,
                 config=effective_config(rundir, config, None), keep_fraction=rates)
-    return load_fleet(rundir.fleet_dir)
+    return rundir.read_fleet()

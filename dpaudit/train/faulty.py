@@ -90,6 +90,7 @@ def _trainer(key: str):
 
     train.__name__ = train.__qualname__ = key
     train.__doc__ = f"FAULTY DP-SGD for validation: {DESCRIPTIONS[key]}. Claims the correct guarantee."
+    train.claims_dp = True
     return train
 
 

@@ -44,8 +44,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import shutil
 import time
 import warnings
 from dataclasses import dataclass
@@ -58,7 +56,7 @@ from dpaudit import accounting
 from dpaudit.config import Config, DPConfig, TrainConfig, load_config, validate
 from dpaudit.errors import InputError
 from dpaudit.progress import Progress
-from dpaudit.rundir import DP_EVENT, TRAIN_CHECKS, TRAIN_LOG, write_json_atomic
+from dpaudit.rundir import DP_EVENT, TRAIN_CHECKS, TRAIN_LOG, staged_directory, write_json_atomic
 from dpaudit.train import checks
 from dpaudit.train.engine import (
     DPSGDEngine,
@@ -314,14 +312,9 @@ def evaluate(
 
 
 def save_checkpoint(model, tokenizer, directory: Path) -> None:
-    tmp = directory.with_name(directory.name + ".tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    model.save_pretrained(tmp, safe_serialization=True)
-    tokenizer.save_pretrained(tmp)
-    if directory.exists():
-        shutil.rmtree(directory)
-    os.replace(tmp, directory)
+    with staged_directory(directory) as stage:
+        model.save_pretrained(stage, safe_serialization=True)
+        tokenizer.save_pretrained(stage)
 
 
 def _finite(x: float | None) -> float | None:
@@ -584,3 +577,6 @@ def dpsgd(dataset, tokenizer, *, seed: int, config: Config | None = None, run_di
     ``train.dp.noise_multiplier=1.0`` (a bare plug-in call)."""
     return run_training(dataset, tokenizer, seed=seed, spec=DPSGD, config=config, run_dir=run_dir,
                         eval_dataset=eval_dataset)
+
+
+dpsgd.claims_dp = True  # the run checks its train.dp before any work

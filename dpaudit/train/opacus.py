@@ -108,3 +108,6 @@ def dpsgd(dataset, tokenizer, *, seed: int, config: Config | None = None, run_di
     _import_opacus()
     return run_training(dataset, tokenizer, seed=seed, spec=OPACUS, config=config, run_dir=run_dir,
                         eval_dataset=eval_dataset)
+
+
+dpsgd.claims_dp = True

@@ -193,3 +193,59 @@ def test_greedy_bad_input(memorised, tokenizer):
     with pytest.raises(InputError):
         k_extractable(memorised, tokenizer, texts=["short"], k=0, device="cpu")
     assert greedy_extracted(memorised, tokenizer, prefixes=[], targets=[], device="cpu").shape == (0,)
+
+
+# -- continuation scores -----------------------------------------------------------------
+
+
+def naive_continuation(model, prefix_ids, target_ids):
+    """Per-token log-probabilities of the target and plain greedy decoding, one item at a
+    time, one forward pass per target token, no padding."""
+    lps, ids = [], list(prefix_ids)
+    with torch.no_grad():
+        for tok in target_ids:
+            logp = torch.log_softmax(model(torch.tensor([ids])).logits[0, -1].double(), dim=-1)
+            lps.append(float(logp[tok]))
+            ids.append(tok)
+    gen = naive_greedy(model, prefix_ids, len(target_ids))[len(prefix_ids):]
+    return np.array(lps), gen == list(target_ids)
+
+
+@pytest.mark.parametrize("output_layer_everywhere", [False, True])
+def test_continuation_scores_agree_with_a_naive_loop(memorised, tokenizer, monkeypatch, output_layer_everywhere):
+    from dpaudit import extraction as E
+
+    if output_layer_everywhere:  # the path of a model that does not take logits_to_keep
+        monkeypatch.setattr(E, "_takes_logits_to_keep", lambda model: False)
+    prefixes = [SECRET[:13], SECRET[:13], SECRET[:5], "hello", "The quick brown fox jumps", "x"]
+    targets = [SECRET[13:], " random words", SECRET[5:], " world", " over it", "yz"]
+    got = E.continuation_scores(memorised, tokenizer, prefixes=prefixes, targets=targets, batch_size=4, device="cpu")
+    pre, tgt = E.encode_continuations(tokenizer, prefixes=prefixes, targets=targets)
+    assert len(got.token_logprobs) == len(prefixes) and got.extracted.dtype == np.bool_
+    for i in range(len(prefixes)):
+        lps, hit = naive_continuation(memorised, pre[i], tgt[i])
+        np.testing.assert_allclose(got.token_logprobs[i], lps, atol=1e-4)
+        assert got.mean_logprob()[i] == pytest.approx(lps.mean(), abs=1e-4)
+        assert got.sum_logprob()[i] == pytest.approx(lps.sum(), abs=1e-3)
+        assert bool(got.extracted[i]) == hit
+    assert got.extracted.tolist()[:3] == [True, False, True]
+    assert got.extracted.tolist() == greedy_extracted(
+        memorised, tokenizer, prefixes=prefixes, targets=targets, device="cpu").tolist()
+    # the same from token ids, whatever the batch size
+    again = E.score_continuations(memorised, pre, tgt, batch_size=1, device="cpu")
+    np.testing.assert_allclose(again.mean_logprob(), got.mean_logprob(), atol=1e-5)
+
+
+def test_continuation_scores_bad_input(memorised, tokenizer):
+    from dpaudit.extraction import continuation_scores, score_continuations
+
+    with pytest.raises(InputError):
+        continuation_scores(memorised, tokenizer, prefixes=["a"], targets=[""], device="cpu")
+    with pytest.raises(InputError):
+        score_continuations(memorised, [[1, 2]], [[]], device="cpu")
+    with pytest.raises(InputError):
+        score_continuations(memorised, [[1, 2]], [[3], [4]], device="cpu")
+    with pytest.raises(InputError):
+        score_continuations(memorised, [[1] * 40], [[2] * 40], device="cpu")  # beyond 64 positions
+    empty = score_continuations(memorised, [], [], device="cpu")
+    assert empty.extracted.shape == (0,) and empty.mean_logprob().shape == (0,)

@@ -1,452 +1,313 @@
-"""The report stage: report.json contents, verdict logic, HTML safety, figures."""
+"""The report stage: report.json schema (v2), verdicts per model, HTML safety, figures.
+
+Built on small synthetic run directories written through the RunDir / ModelDir writers:
+no training.
+"""
 
 from __future__ import annotations
 
-import base64
-import json
+import csv
 import math
 import re
-import sys
-import types
-from pathlib import Path
+import shutil
 
 import numpy as np
 import pytest
 
-import dpaudit
+from dpaudit.accounting import event_to_dict, make_event
 from dpaudit.errors import InputError
-from dpaudit.report import build_report
-from dpaudit.report.figures import roc_curve
+from dpaudit.report import SCHEMA_VERSION, build_report
+from dpaudit.report.data import DP_KEYS, MODEL_KEYS
+from dpaudit.rundir import RunDir, write_json_atomic, write_jsonl_atomic
 
-EVENT = {
-    "type": "self_composed",
-    "count": 100,
-    "event": {"type": "poisson_sampled", "sampling_probability": 0.01, "event": {"type": "gaussian", "noise_multiplier": 1.0}},
-}
-FAKE_EPS = 2.0  # what the stand-in accountant returns at delta = 1e-5
 TEXT_MARKER = "PATIENTNOTE_7731"
 MALICIOUS = f"<script>alert(1)</script> {TEXT_MARKER} was admitted"
 WEIRD_ID = "c&0<b>"
+DELTA = 1e-3
+M = 40  # canaries
 
 
-# --------------------------------------------------------------------------- fixtures
+def _bound(method, *, eps, sound, sig, correct=None):
+    return {"method": method, "sound": sound, "epsilon": eps, "delta": DELTA, "significance": sig,
+            "num_canaries": M, "num_guesses": 20 if correct is not None else None, "num_correct": correct,
+            "strategy": {"name": "bonferroni", "grid": None}, "details": {"mu": 0.5} if not sound else {}}
 
 
-def _fake_accounting() -> types.ModuleType:
-    """A stand-in for dpaudit.accounting: epsilon 2.0 at delta 1e-5, a bit more at smaller delta."""
-    mod = types.ModuleType("dpaudit.accounting")
-    mod.calls = []
-
-    def event_from_dict(d):
-        if not isinstance(d, dict) or "type" not in d:
-            raise ValueError("bad event")
-        return ("event", json.dumps(d, sort_keys=True))
-
-    def epsilon_from_event(event, *, delta, method="pld"):
-        mod.calls.append((event, delta, method))
-        return FAKE_EPS + 0.1 * math.log10(1e-5 / delta)
-
-    mod.event_from_dict = event_from_dict
-    mod.epsilon_from_event = epsilon_from_event
-    return mod
-
-
-@pytest.fixture
-def fake_accounting(monkeypatch):
-    mod = _fake_accounting()
-    monkeypatch.setitem(sys.modules, "dpaudit.accounting", mod)
-    return mod
+def _write_results(md, rng, *, shift, bound_eps):
+    attacks = ("loss", "zlib")
+    sig = 0.05 / len(attacks)
+    for name, b in zip(attacks, bound_eps):
+        ms = np.r_[rng.normal(shift, 1, 150), rng.normal(0, 1, 150)]
+        ml = np.r_[np.ones(150, bool), np.zeros(150, bool)]
+        cs = np.r_[rng.normal(shift * 2, 1, M // 2), rng.normal(0, 1, M // 2)]
+        cl = np.r_[np.ones(M // 2, bool), np.zeros(M // 2, bool)]
+        members = {"auc": 0.6, "auc_ci": [0.5, 0.7], "tpr_at_fpr": {"0.1": 0.2, "0.01": 0.0, "0.001": None},
+                   "balanced_accuracy": 0.55, "num_in": 150, "num_out": 150}
+        canaries = {"auc": 0.7, "auc_ci": [0.5, 0.9], "tpr_at_fpr": {"0.1": None, "0.01": None, "0.001": None},
+                    "balanced_accuracy": 0.6, "num_in": M // 2, "num_out": M // 2,
+                    "epsilon_lower_bounds": {
+                        "one_run": _bound("one_run", eps=b, sound=True, sig=sig, correct=18),
+                        "gdp": _bound("gdp", eps=b * 3 + 1, sound=False, sig=sig)}}
+        md.write_results(name, params={}, splits={"members": (ms, ml, members), "canaries": (cs, cl, canaries)})
 
 
-def _split(rng, *, n_in, n_out, shift, tpr, bounds=None):
-    scores = np.r_[rng.normal(shift, 1.0, n_in), rng.normal(0.0, 1.0, n_out)]
-    labels = np.r_[np.ones(n_in, bool), np.zeros(n_out, bool)]
-    auc = min(0.5 + shift / 8, 0.97)
-    d = {
-        "auc": auc,
-        "auc_ci": [auc - 0.02, auc + 0.02],
-        "tpr_at_fpr": tpr,
-        "balanced_accuracy": 0.5 + shift / 8,
-        "num_in": n_in,
-        "num_out": n_out,
-    }
-    if bounds is not None:
-        d["epsilon_lower_bounds"] = bounds
-    return d, scores, labels
+def _dp_record(*, private, unit="example"):
+    if not private:
+        return {"schema_version": 1, "trainer": "dpaudit.train:nonprivate", "event": {"type": "non_private"},
+                "accountant": None, "delta": None, "epsilon": None, "unit": unit, "num_units": 100,
+                "sample_rate": None, "steps": 10, "noise_multiplier": None, "max_grad_norm": None,
+                "expected_batch_size": 8, "sampler": "shuffle"}
+    event = event_to_dict(make_event(noise_multiplier=1.0, sample_rate=0.08, steps=10))
+    return {"schema_version": 1, "trainer": "dpaudit.train:dpsgd", "event": event, "accountant": "pld",
+            "delta": DELTA, "epsilon": 123.0,  # a wrong logged value: the report must recompute
+            "unit": unit, "num_units": 100, "sample_rate": 0.08, "steps": 10, "noise_multiplier": 1.0,
+            "max_grad_norm": 1.0, "expected_batch_size": 8, "sampler": "poisson"}
 
 
-def make_run(
-    root: Path,
-    *,
-    bound_eps=(0.4, 0.9, 1.3),
-    dp: bool | str = True,
-    logged_eps: float | None = FAKE_EPS,
-    train_log: bool = True,
-    extraction: bool = True,
-) -> Path:
-    """A run directory with three attacks (members + canaries), canaries, a DP event."""
+def _train_log(md, *, learned=True):
+    write_jsonl_atomic(md.train_log_path, [
+        {"step": 0, "heldout_loss": 5.0, "heldout_perplexity": math.exp(5.0)},
+        {"step": 5, "train_loss": 4.5},
+        {"step": 10, "train_loss": 4.0, "heldout_loss": 4.2 if learned else 5.1,
+         "heldout_perplexity": math.exp(4.2 if learned else 5.1)},
+    ])
+
+
+def _canary_file(run):
+    canaries = [{"id": WEIRD_ID if i == 0 else f"c{i}", "kind": "digits",
+                 "text": MALICIOUS if i == 0 else f"note {TEXT_MARKER} {i}", "prefix": "<b>Patient",
+                 "secret": "7&3<1>" if i == 0 else f"SECRET-{i:04d}", "included": i % 2 == 0, "repetitions": 1}
+                for i in range(M)]
+    write_json_atomic(run.data_dir / "canaries.json", {"schema_version": 1, "spec": {"name": "digits"},
+                                                       "secret_space_size": "1000000", "canaries": canaries})
+    return canaries
+
+
+def make_run(root):
+    from dpaudit.config import load_config
+
+    run = RunDir(root / "run")
+    names = ["nonprivate", "dp4", "dp4-patient", "broken"]
+    config = load_config("tiny", overrides=["models=[" + ", ".join(f"{{name: {n}}}" for n in names) + "]"])
+    run.root.mkdir(parents=True)
+    run.write_config(config)
+    run.write_manifest(seeds={"run": 0})
+    canaries = _canary_file(run)
     rng = np.random.default_rng(0)
-    run = root / "run"
-    (run / "results").mkdir(parents=True)
-    for i, (name, shift) in enumerate((("loss", 0.5), ("zlib", 0.8), ("lira", 1.5))):
-        members, ms, ml = _split(
-            rng, n_in=2000, n_out=2000, shift=shift,
-            # 0.001 needs 10000 non-members: the stage wrongly gave 0.0, the report must withhold it
-            tpr={"0.1": 0.2 + 0.1 * i, "0.01": 0.03 * (i + 1), "0.001": 0.0 if i == 0 else None},
-        )
-        canaries, cs, cl = _split(
-            rng, n_in=60, n_out=60, shift=shift * 2, tpr={"0.1": None, "0.01": None, "0.001": None},
-            bounds={
-                "one_run": {"epsilon": bound_eps[i], "delta": 1e-5, "significance": 0.05, "strategy": "split", "guesses": 20},
-                "gdp": {"epsilon": bound_eps[i] * 0.8, "delta": 1e-5, "significance": 0.05, "strategy": "bonferroni"},
-            },
-        )
-        result = {"schema_version": 1, "attack": name, "params": {"k": 0.2}, "splits": {"members": members, "canaries": canaries}}
-        (run / "results" / f"{name}.json").write_text(json.dumps(result))
-        np.savez(run / "results" / f"{name}.npz", members_scores=ms, members_labels=ml, canaries_scores=cs, canaries_labels=cl)
-
-    if dp:
-        rec = {
-            "noise_multiplier": 1.0, "sample_rate": 0.01, "steps": 100, "delta": 1e-5, "unit": "user",
-            "num_units": 5000, "max_grad_norm": 1.0, "expected_batch_size": 50, "accountant": "pld",
-            "epsilon": logged_eps, "event": EVENT,
-        }
-        if dp == "nonprivate":
-            rec.update(noise_multiplier=0.0, epsilon=None, event={"type": "non_private"})
-        (run / "dp_event.json").write_text(json.dumps(rec))
-
-    canaries = [
-        {"id": WEIRD_ID, "kind": "new_token", "text": MALICIOUS, "prefix": "<b>Patient", "secret": "7&3<1>",
-         "included": True, "repetitions": 1},
-        {"id": "c1", "kind": "digits", "text": f"note {TEXT_MARKER} 2", "prefix": "note", "secret": "123456",
-         "included": False, "repetitions": 1},
-    ]
-    (run / "canaries.json").write_text(json.dumps({"schema_version": 1, "canaries": canaries}))
-    if extraction:
-        ext = {WEIRD_ID: {"exposure": 9.5, "extracted": True, "generated": MALICIOUS}, "c1": {"exposure": 1.25, "extracted": False}}
-        (run / "extraction.json").write_text(json.dumps(ext))
-    if train_log:
-        lines = []
-        for step in range(0, 101, 5):
-            r = {"step": step, "train_loss": 5.0 * math.exp(-step / 40) + 1.0}
-            if step % 20 == 0:
-                r.update(heldout_loss=r["train_loss"] + 0.2, heldout_perplexity=math.exp(r["train_loss"] + 0.2))
-            lines.append(json.dumps(r))
-        (run / "train_log.jsonl").write_text("\n".join(lines) + "\n")
-    (run / "manifest.json").write_text(json.dumps({"schema_version": 1, "seeds": {"run": 0}, "packages": {"numpy": "2.0"}}))
-    (run / "config.resolved.yaml").write_text("seed: 0\ntrain: {epochs: 1}\n")
+    for name, private, unit, bounds in (("nonprivate", False, "example", (2.5, 1.0)),
+                                        ("dp4", True, "example", (0.5, 0.2)),
+                                        ("dp4-patient", True, "user", (0.3, 0.1))):
+        md = run.model(name)
+        write_json_atomic(md.dp_event_path, _dp_record(private=private, unit=unit))
+        _train_log(md)
+        _write_results(md, rng, shift=1.0, bound_eps=bounds)
+        ext = {"method": "greedy", "included_extracted": 3, "included_total": M // 2, "excluded_extracted": 0,
+               "excluded_total": M // 2,
+               "canaries": {c["id"]: {"extracted": i < 3, "generated": MALICIOUS} for i, c in enumerate(canaries)}}
+        if name != "nonprivate":
+            ext["patient_secrets"] = {"field": "mrn", "groups": [
+                {"notes": k, "member_patients": 5, "member_mean_logprob": -3.0 - k, "heldout_mean_logprob": -6.0,
+                 "member_extracted": 0.1 * k, "heldout_extracted": 0.0} for k in (1, 2, 4)]}
+        md.write_extraction(ext)
+    broken = run.model("broken")
+    broken.root.mkdir(parents=True)
+    broken.write_error(stage="train", error=RuntimeError("CUDA out of memory <b>boom</b>"))
     return run
 
 
-@pytest.fixture
-def no_figures(monkeypatch):
-    """Skip drawing in tests of report logic (drawing is tested once, on the shared build)."""
-    import dpaudit.report.build as build_module
-
-    monkeypatch.setattr(build_module, "_figures", lambda *args, **kwargs: {})
+def make_audit_model(root):
+    run = RunDir(root / "audit")
+    run.root.mkdir(parents=True)
+    rng = np.random.default_rng(1)
+    s = np.r_[rng.normal(1, 1, 50), rng.normal(0, 1, 50)]
+    y = np.r_[np.ones(50, bool), np.zeros(50, bool)]
+    metrics = {"auc": 0.7, "auc_ci": [0.6, 0.8], "tpr_at_fpr": {"0.1": 0.3, "0.01": None, "0.001": None},
+               "balanced_accuracy": 0.6, "num_in": 50, "num_out": 50}
+    run.model("released").write_results("loss", params={}, splits={"members": (s, y, metrics)})
+    run.write_audit_inputs({"model": "/models/released", "members": {"count": 50}, "nonmembers": {"count": 50}})
+    run.write_manifest(seeds={})
+    return run
 
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    """The default run, built once for the read-only tests."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setitem(sys.modules, "dpaudit.accounting", _fake_accounting())
-        run = make_run(tmp_path_factory.mktemp("built"))
-        report = build_report(run)
-    return run, report, (run / "report.html").read_text(encoding="utf-8")
+    run = make_run(tmp_path_factory.mktemp("r"))
+    report = build_report(run.root)
+    return run, report, run.report_html.read_text()
 
 
-# --------------------------------------------------------------------------- report.json
+def _model(report, name):
+    return next(m for m in report["models"] if m["name"] == name)
 
 
-def test_report_json_contents(built):
+# --------------------------------------------------------------------------- schema
+
+
+def test_report_json_schema(built):
     run, report, _ = built
-    on_disk = json.loads((run / "report.json").read_text())
-    assert on_disk == report
-    assert report["schema_version"] == 1
-    assert report["dpaudit_version"] == dpaudit.__version__
-    assert re.match(r"\d{4}-\d\d-\d\dT", report["created"])
-
-    p = report["privacy"]
-    assert p["unit"] == "user" and p["steps"] == 100 and p["sample_rate"] == 0.01
-    assert p["sampling"].startswith("Poisson with rate q = 0.01")
-    assert p["delta"] == 1e-5 and p["accountant"] == "pld"
-    assert p["epsilon_recomputed"] == pytest.approx(FAKE_EPS)
-    assert p["epsilon_source"] == "recomputed" and p["epsilon_mismatch"] is False
-    assert p["epochs"] == pytest.approx(1.0)
-
-    assert set(report["attacks"]) == {"loss", "zlib", "lira"}
-    assert report["attacks"]["lira"]["split"] == "members"
-    assert report["attacks"]["lira"]["num_out"] == 2000
-    assert report["attacks"]["zlib"]["tpr_at_fpr"]["0.1"] == pytest.approx(0.3)
-    assert set(report["canary_attacks"]) == {"loss", "zlib", "lira"}
-    assert report["canary_attacks"]["lira"]["num_in"] == 60
-
-    emp = report["empirical_epsilon"]
-    assert emp["best"]["attack"] == "lira" and emp["best"]["method"] == "one_run"
-    assert emp["best"]["epsilon"] == pytest.approx(1.3)
-    assert len(emp["bounds"]) == 6
-    assert "corrected" in emp["note"]
-    assert emp["joint_confidence"] == pytest.approx(1 - 3 * 0.05)  # the three assumption-free bounds
-    assert report["verdict"] == "consistent"
-    assert set(report["figures"]) == {"roc_members", "roc_canaries", "epsilon", "training"}
-    assert report["training"]["last_step"] == 100
+    assert run.read_report() == report
+    assert report["schema_version"] == SCHEMA_VERSION == 2
+    for key in ("dpaudit_version", "title", "kind", "models", "fleet", "canaries", "config", "manifest",
+                "figures", "tables", "warnings"):
+        assert key in report, key
+    assert report["kind"] == "run"
+    assert [m["name"] for m in report["models"]] == ["nonprivate", "dp4", "dp4-patient", "broken"]
+    assert isinstance(report["warnings"], list) and all(isinstance(w, str) for w in report["warnings"])
+    assert report["canaries"]["count"] == M and report["canaries"]["included"] == M // 2
+    assert report["canaries"]["repetitions"] == 1
+    for m in report["models"]:
+        assert set(MODEL_KEYS) <= set(m), m["name"]
+        assert set(DP_KEYS) <= set(m["dp"])
+        assert m["dp"]["enabled"] in (True, False, None)
+        assert set(m["utility"]) >= {"heldout_perplexity", "initial_heldout_perplexity", "learned"}
+        assert set(m["audit"]) >= {"epsilon_lower_bound", "method", "attack", "significance", "num_canaries",
+                                   "num_guesses", "num_correct", "ceiling", "estimates"}
+        assert m["verdict"]["status"] in ("violated", "consistent", "inconclusive", "no_claim")
+        assert isinstance(m["verdict"]["reason"], str)
+        for key in ("attacks", "canary_attacks"):
+            for a in m[key].values():
+                assert set(a["tpr_at_fpr"]) == {"0.1", "0.01", "0.001"}
+                assert isinstance(a["auc"], float)
 
 
-def test_tpr_without_enough_nonmembers_is_null(built):
+def test_dp_model_recomputes_epsilon_and_gets_a_verdict(built):
+    from dpaudit.accounting import epsilon_from_record
+
+    _, report, _ = built
+    m = _model(report, "dp4")
+    expected = epsilon_from_record(_dp_record(private=True))
+    assert m["privacy"] == "dp" and m["dp"]["enabled"] is True
+    assert m["dp"]["epsilon"] == pytest.approx(expected) and m["dp"]["epsilon"] != 123.0
+    assert any("dp4:" in w and "differs" in w for w in report["warnings"])
+    assert m["utility"]["learned"] is True
+    assert m["utility"]["initial_heldout_perplexity"] == pytest.approx(math.exp(5.0))
+    # best sound bound: the larger one_run bound; gdp (not sound) only among the estimates
+    assert m["audit"]["epsilon_lower_bound"] == 0.5 and m["audit"]["method"] == "one_run"
+    assert m["audit"]["attack"] == "loss" and m["audit"]["significance"] == pytest.approx(0.05)
+    assert m["audit"]["estimates"] == {"loss/gdp": 2.5, "zlib/gdp": pytest.approx(1.6)}
+    assert m["audit"]["ceiling"] is not None and m["audit"]["ceiling"] > 0
+    assert m["verdict"]["status"] in ("consistent", "inconclusive")
+    assert m["verdict"]["claimed_epsilon"] == pytest.approx(expected)
+    assert m["canary_attacks"]["loss"]["bounds"]["gdp"]["sound"] is False
+    assert m["extraction"]["included_rate"] == pytest.approx(3 / (M // 2))
+    assert m["extraction"]["patient_secrets"]["field"] == "mrn"
+    assert _model(report, "dp4-patient")["dp"]["unit"] == "user"
+
+
+def test_tpr_withheld_rather_than_zero(built):
     _, report, html = built
-    # 2000 non-members are too few for FPR 0.1%; the stage's 0.0 is withheld, its null kept
-    assert report["attacks"]["loss"]["tpr_at_fpr"]["0.001"] is None
-    assert report["attacks"]["loss"]["tpr_suppressed"] == ["0.001"]
-    assert report["attacks"]["zlib"]["tpr_at_fpr"]["0.001"] is None
-    assert report["attacks"]["loss"]["tpr_at_fpr"]["0.01"] == pytest.approx(0.03)
-    # 60 excluded canaries: not even FPR 10% is measurable
-    assert all(v is None for v in report["canary_attacks"]["lira"]["tpr_at_fpr"].values())
-    assert html.count("not enough non-members") >= 3 + 3 * 3
+    t = _model(report, "dp4")["attacks"]["loss"]["tpr_at_fpr"]
+    assert t["0.1"] == 0.2
+    assert t["0.01"] is None  # 150 non-members < 10 / 0.01: the stage's 0.0 is withheld
+    assert "not enough non-members" in html or "n/e" in html
 
 
-# --------------------------------------------------------------------------- HTML safety
+def test_non_private_model_is_no_claim(built):
+    _, report, _ = built
+    m = _model(report, "nonprivate")
+    assert m["privacy"] == "non_private" and m["dp"]["enabled"] is False
+    assert m["dp"]["epsilon"] is None
+    assert m["verdict"]["status"] == "no_claim"
+    assert m["audit"]["epsilon_lower_bound"] == 2.5  # still reported, for scale
 
 
-def test_html_escaped_and_self_contained(built):
-    _, _, html = built
-    assert "<script" not in html.lower()
-    refs = re.findall(r"""(?:src|href)\s*=\s*["']?([^"'\s>]*)""", html, re.IGNORECASE)
-    assert refs and all(ref.startswith("data:image/png;base64,") for ref in refs)
-    assert "http://" not in html and "https://" not in html
-    assert "<link" not in html.lower()
-    # ids and secrets with markup characters are escaped
-    assert "c&amp;0&lt;b&gt;" in html and WEIRD_ID not in html
-    assert "7&amp;3&lt;1&gt;" in html
-    images = re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', html)
-    assert len(images) == 4
-    assert all(base64.b64decode(img)[:8] == b"\x89PNG\r\n\x1a\n" for img in images)
-    assert "<style>" in html
+def test_failed_model_appears_with_its_error(built):
+    _, report, html = built
+    m = _model(report, "broken")
+    assert "CUDA out of memory" in m["error"]
+    assert m["privacy"] == "unknown"
+    assert "CUDA out of memory &lt;b&gt;boom&lt;/b&gt;" in html
 
 
-def test_member_texts_absent_by_default(built):
+def test_tables_and_figures_written(built):
     run, report, html = built
-    assert TEXT_MARKER not in html
-    assert TEXT_MARKER not in (run / "report.json").read_text()
-    assert "alert(1)" not in html
-    row = next(r for r in report["canaries"]["rows"] if r["id"] == WEIRD_ID)
-    assert "text" not in row and "prefix" not in row
-    assert row["secret"] == "7&3<1>" and row["exposure"] == 9.5 and row["extracted"] is True
-    assert "generated" in report["extraction"]["hidden_columns"]
+    for stem in ("compliance", "utility", "membership", "extraction", "patient_secrets", "roc"):
+        assert stem in report["figures"], stem
+        for fmt in ("png", "pdf"):
+            assert (run.root / report["figures"][stem][fmt]).is_file()
+    for stem in ("models", "attacks", "bounds", "canaries", "extraction", "patient_secrets"):
+        assert (run.root / report["tables"][stem]).is_file()
+    rows = list(csv.DictReader((run.tables_dir / "canaries.csv").open()))
+    assert len(rows) == M and "text" not in rows[0]
+    # per-row data is not inlined in the HTML
+    assert "SECRET-0017" not in html and "SECRET-0017" in (run.tables_dir / "canaries.csv").read_text()
 
 
-def test_member_texts_present_and_escaped_when_asked(tmp_path, fake_accounting, no_figures):
-    run = make_run(tmp_path)
-    report = build_report(run, include_texts=True, title="Audit <b>&</b>")
-    html = (run / "report.html").read_text()
-    assert TEXT_MARKER in html
-    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+# --------------------------------------------------------------------------- HTML safety and privacy
+
+
+def test_html_is_self_contained_and_escaped(built):
+    run, _, html = built
     assert "<script" not in html.lower()
-    assert "Audit &lt;b&gt;&amp;&lt;/b&gt;" in html
-    row = next(r for r in report["canaries"]["rows"] if r["id"] == WEIRD_ID)
-    assert row["text"] == MALICIOUS
-    assert "generated" in report["extraction"]["columns"]
+    assert "<link" not in html.lower()
+    assert not re.search(r"""(src|href)\s*=\s*["']?\s*(https?:)?//""", html, re.I)
+    assert TEXT_MARKER not in html
+    assert TEXT_MARKER not in run.report_json.read_text()
+    assert TEXT_MARKER not in (run.tables_dir / "extraction.csv").read_text()
+    for img in re.findall(r"<img [^>]*>", html):
+        assert 'src="data:image/png;base64,' in img
+    # sections in the required order; warnings before the compliance plot
+    order = [html.index(f'id="{s}"') for s in ("summary", "warnings", "compliance", "verdicts", "utility",
+                                                "membership", "extraction", "units", "checklist", "roc",
+                                                "estimates")]
+    assert order == sorted(order)
+    assert "not sound bounds" in html
 
 
-# --------------------------------------------------------------------------- verdict
+def test_include_texts_puts_texts_in_tables_escaped(built, tmp_path):
+    run, _, _ = built
+    copy = tmp_path / "copy"
+    shutil.copytree(run.root, copy)
+    report = build_report(copy, include_texts=True, title="<i>t</i>")
+    html = (copy / "report.html").read_text()
+    assert report["include_texts"] is True and report["canaries"]["texts_included"] is True
+    assert "<script" not in html.lower() and "<i>t</i>" not in html and "&lt;i&gt;t&lt;/i&gt;" in html
+    text = (copy / "tables" / "canaries.csv").read_text()
+    assert TEXT_MARKER in text and "<script>alert(1)</script>" in text  # CSV is data, not HTML
+    assert TEXT_MARKER in (copy / "tables" / "extraction.csv").read_text()
 
 
-def test_verdict_violated_when_a_bound_exceeds_the_accountant(tmp_path, fake_accounting, no_figures):
-    run = make_run(tmp_path, bound_eps=(0.4, 2.4, 1.3))
+# --------------------------------------------------------------------------- audit-model outputs
+
+
+def test_audit_model_output_has_unknown_privacy(tmp_path):
+    run = make_audit_model(tmp_path)
     report = build_report(run)
-    assert report["verdict"] == "violated"
-    assert report["empirical_epsilon"]["best"]["epsilon"] == pytest.approx(2.4)
-    bad = [b for b in report["empirical_epsilon"]["bounds"] if b["exceeds_accountant"]]
-    assert [(b["attack"], b["method"]) for b in bad] == [("zlib", "one_run")]
-    html = (run / "report.html").read_text()
-    assert "exceeds the accountant" in html and ">violated<" in html
+    assert report["kind"] == "audit-model"
+    (m,) = report["models"]
+    assert m["name"] == "released" and m["privacy"] == "unknown" and m["dp"]["enabled"] is None
+    assert m["verdict"]["status"] == "no_claim"
+    assert "compliance" not in report["figures"]
+    html = run.report_html.read_text()
+    assert "No compliance plot" in html and "unknown" in html
+    assert "trained without DP" not in html
 
 
-def test_bound_compared_at_its_own_delta(tmp_path, fake_accounting, no_figures):
-    run = make_run(tmp_path, bound_eps=(0.4, 2.05, 1.3))
-    path = run / "results" / "zlib.json"
-    d = json.loads(path.read_text())
-    d["splits"]["canaries"]["epsilon_lower_bounds"]["one_run"]["delta"] = 1e-6
-    path.write_text(json.dumps(d))
-    report = build_report(run)
-    b = next(b for b in report["empirical_epsilon"]["bounds"] if b["attack"] == "zlib" and b["method"] == "one_run")
-    assert b["accountant_epsilon"] == pytest.approx(FAKE_EPS + 0.1)  # recomputed at delta = 1e-6
-    assert report["verdict"] == "consistent"
-
-
-def test_nonprivate_run_has_no_verdict(tmp_path, fake_accounting, no_figures):
-    run = make_run(tmp_path, dp=False, train_log=False, extraction=False)
-    report = build_report(run)
-    assert report["privacy"] is None and report["verdict"] is None
-    assert report["training"] is None
-    html = (run / "report.html").read_text()
-    assert "without differential privacy" in html
-
-
-def test_nonprivate_event_recorded(tmp_path, fake_accounting, no_figures):
-    run = make_run(tmp_path, dp="nonprivate")
-    report = build_report(run)
-    p = report["privacy"]
-    assert p["private"] is False and p["epsilon"] is None and p["epsilon_mismatch"] is False
-    assert report["verdict"] is None
-    assert "∞" in (run / "report.html").read_text()
-
-
-def test_logged_epsilon_mismatch_is_flagged(tmp_path, fake_accounting, no_figures):
-    run = make_run(tmp_path, logged_eps=1.5, bound_eps=(0.4, 1.8, 1.3))
-    report = build_report(run)
-    p = report["privacy"]
-    assert p["epsilon_logged"] == 1.5 and p["epsilon_recomputed"] == pytest.approx(FAKE_EPS)
-    assert p["epsilon_mismatch"] is True and p["epsilon"] == pytest.approx(FAKE_EPS)
-    assert report["verdict"] == "consistent"  # 1.8 <= the recomputed 2.0, not the logged 1.5
-    assert any("differs" in w for w in report["warnings"])
-    assert "MISMATCH" in (run / "report.html").read_text()
-
-
-def test_accounting_unavailable_falls_back_to_logged(tmp_path, monkeypatch, no_figures):
-    monkeypatch.setitem(sys.modules, "dpaudit.accounting", None)  # import raises ImportError
-    run = make_run(tmp_path, logged_eps=2.0, train_log=False)
-    report = build_report(run)
-    p = report["privacy"]
-    assert p["epsilon_recomputed"] is None and p["epsilon_source"] == "logged"
-    assert p["recompute_status"].startswith("not recomputed")
-    assert report["verdict"] == "consistent"
-
-
-def test_real_accountant_recomputes(tmp_path, no_figures):
-    accounting = pytest.importorskip("dpaudit.accounting")
-    run = make_run(tmp_path, logged_eps=None, train_log=False)
-    report = build_report(run)
-    expected = accounting.epsilon_from_event(accounting.event_from_dict(EVENT), delta=1e-5, method="pld")
-    p = report["privacy"]
-    assert math.isfinite(expected) and p["epsilon_recomputed"] == pytest.approx(expected, rel=1e-9)
-    assert p["epsilon_mismatch"] is True  # the log said infinity
-
-
-# --------------------------------------------------------------------------- figures and files
-
-
-def test_figures_png_and_pdf(built):
-    run, report, _ = built
-    for stem in ("roc_members", "roc_canaries", "epsilon", "training"):
-        png, pdf = run / "figures" / f"{stem}.png", run / "figures" / f"{stem}.pdf"
-        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-        assert pdf.read_bytes()[:5] == b"%PDF-"
-        assert report["figures"][stem] == {"png": f"figures/{stem}.png", "pdf": f"figures/{stem}.pdf"}
-    leftovers = [p.name for p in run.rglob(".*")]
-    assert leftovers == []
-
-
-def test_rebuild_drops_stale_figures(tmp_path, fake_accounting, monkeypatch):
-    from matplotlib.figure import Figure
-
-    import dpaudit.report.figures as F
-
-    for name in ("plot_roc", "plot_epsilon"):  # only the training figure matters here
-        monkeypatch.setattr(F, name, lambda *args, **kwargs: Figure(figsize=(1, 1)))
-    run = make_run(tmp_path)
-    build_report(run)
-    assert (run / "figures" / "training.pdf").is_file()
-    (run / "train_log.jsonl").unlink()
-    report = build_report(run)
-    assert "training" not in report["figures"]
-    assert not (run / "figures" / "training.png").exists()
-
-
-def test_bad_inputs_raise_input_error(tmp_path, fake_accounting, no_figures):
+def test_not_a_run_directory(tmp_path):
     with pytest.raises(InputError):
         build_report(tmp_path / "missing")
     (tmp_path / "empty").mkdir()
-    with pytest.raises(InputError, match="nothing to report"):
+    with pytest.raises(InputError):
         build_report(tmp_path / "empty")
+
+
+def test_unlearned_model_is_inconclusive(tmp_path):
+    from dpaudit.report.data import assemble
+
     run = make_run(tmp_path)
-    d = json.loads((run / "results" / "loss.json").read_text())
-    d["schema_version"] = 2
-    (run / "results" / "loss.json").write_text(json.dumps(d))
-    with pytest.raises(InputError, match="schema_version"):
-        build_report(run)
+    _train_log(run.model("dp4"), learned=False)
+    m = _model(assemble(run).report, "dp4")
+    assert m["utility"]["learned"] is False
+    assert m["verdict"]["status"] == "inconclusive"
 
 
-def test_roc_curve_matches_naive_auc():
-    rng = np.random.default_rng(1)
-    scores = np.round(rng.normal(size=300), 1)  # many ties
-    labels = rng.random(300) < 0.4
-    fpr, tpr = roc_curve(scores, labels)
-    assert fpr[0] == tpr[0] == 0 and fpr[-1] == tpr[-1] == 1
-    assert np.all(np.diff(fpr) >= 0) and np.all(np.diff(tpr) >= 0)
-    pos, neg = scores[labels], scores[~labels]
-    naive = ((pos[:, None] > neg[None, :]).sum() + 0.5 * (pos[:, None] == neg[None, :]).sum()) / (pos.size * neg.size)
-    assert np.sum(np.diff(fpr) * (tpr[1:] + tpr[:-1]) / 2) == pytest.approx(naive)
+def test_violation_is_reported(tmp_path):
+    from dpaudit.report.data import assemble
 
-
-def test_single_split_attack_and_list_shaped_extraction(tmp_path, fake_accounting, no_figures):
     run = make_run(tmp_path)
-    only = {"schema_version": 1, "attack": "min_k", "params": {}, "splits": {"canaries": {
-        "auc": 0.7, "auc_ci": None, "tpr_at_fpr": {"0.1": 0.5}, "balanced_accuracy": 0.6, "num_in": 500, "num_out": 500}}}
-    (run / "results" / "min_k.json").write_text(json.dumps(only))
-    ext = {"schema_version": 1, "k": 32, "results": [
-        {"canary_id": "c1", "exposure": 2.0, "extracted": False, "completion": f"{TEXT_MARKER} leaked"}]}
-    (run / "extraction.json").write_text(json.dumps(ext))
-    report = build_report(run)
-    assert report["attacks"]["min_k"]["split"] == "canaries"
-    assert report["attacks"]["min_k"]["tpr_at_fpr"] == {"0.1": 0.5, "0.01": None, "0.001": None}
-    assert report["attacks"]["min_k"]["auc_ci"] is None
-    assert "min_k" in report["canary_attacks"]
-    assert report["extraction"]["summary"] == {"k": 32}
-    assert report["extraction"]["rows"] == [{"id": "c1", "exposure": 2.0, "extracted": False}]
-    c1 = next(r for r in report["canaries"]["rows"] if r["id"] == "c1")
-    assert c1["exposure"] == 2.0
-    html = (run / "report.html").read_text()
-    assert TEXT_MARKER not in html and "(canaries split)" in html
-
-
-def test_gaussian_assumption_bounds_do_not_decide_the_verdict(tmp_path, fake_accounting, no_figures):
-    run = make_run(tmp_path, bound_eps=(0.4, 1.0, 1.3))
-    path = run / "results" / "zlib.json"
-    d = json.loads(path.read_text())
-    d["splits"]["canaries"]["epsilon_lower_bounds"]["gdp"]["epsilon"] = 50.0
-    path.write_text(json.dumps(d))
-    report = build_report(run)
-    assert report["verdict"] == "consistent"
-    assert report["empirical_epsilon"]["best"]["method"] == "one_run"
-
-
-def test_dp_run_without_bounds_has_no_verdict(tmp_path, fake_accounting, no_figures):
-    run = make_run(tmp_path)
-    for path in (run / "results").glob("*.json"):
-        d = json.loads(path.read_text())
-        d["splits"]["canaries"].pop("epsilon_lower_bounds")
-        path.write_text(json.dumps(d))
-    report = build_report(run)
-    assert report["verdict"] is None and "no assumption-free empirical" in report["verdict_reason"]
-    assert report["empirical_epsilon"]["best"] is None
-
-
-def test_write_json_atomic_maps_infinity_to_null(tmp_path):
-    from dpaudit.report import write_json_atomic
-
-    write_json_atomic(tmp_path / "x.json", {"eps": math.inf, "a": np.float32(0.5), "n": np.int64(3), "v": np.arange(2)})
-    assert json.loads((tmp_path / "x.json").read_text()) == {"eps": None, "a": 0.5, "n": 3, "v": [0, 1]}
-    assert [p.name for p in tmp_path.iterdir()] == ["x.json"]
-
-
-@pytest.mark.parametrize(("keep", "warned"), [
-    ([[1, 0, 1], [0, 1, 0], [1, 1, 1]], True),  # one model in, one out: online LiRA's means are single values
-    ([[1, 0, 1], [0, 1, 0], [1, 1, 0], [0, 0, 1], [1, 1, 1]], False),  # two in and two out for every text
-])
-def test_fleet_summary_and_the_online_lira_warning(tmp_path, fake_accounting, no_figures, keep, warned):
-    run = make_run(tmp_path)
-    keep = np.array(keep, dtype=bool)
-    (run / "fleet").mkdir()
-    np.savez(run / "fleet" / "keep.npz", keep=keep, unit_ids=np.array(["a", "b", "c"]))
-    for j in range(len(keep) - 1):  # the last model is unfinished: it does not count
-        (run / "fleet" / f"model-{j:03d}").mkdir()
-        (run / "fleet" / f"model-{j:03d}" / "fleet_job.json").write_text("{}")
-    lira = json.loads((run / "results" / "lira.json").read_text())
-    (run / "results" / "lira_online.json").write_text(json.dumps({**lira, "attack": "lira_online"}))
-    report = build_report(run)
-    finished = keep[:-1]
-    assert report["fleet"] == {"num_models": len(finished), "in_per_text_min": int(finished.sum(0).min()),
-                               "out_per_text_min": int((~finished).sum(0).min())}
-    assert any(w.startswith("lira_online:") for w in report["warnings"]) is warned
-    assert f"Reference models: {len(finished)};" in (run / "report.html").read_text(encoding="utf-8")
+    md = run.model("dp4")
+    shutil.rmtree(md.results_dir)
+    _write_results(md, np.random.default_rng(3), shift=3.0, bound_eps=(50.0, 0.1))
+    m = _model(assemble(run).report, "dp4")
+    assert m["verdict"]["status"] == "violated"
+    assert m["audit"]["epsilon_lower_bound"] == 50.0

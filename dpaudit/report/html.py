@@ -1,0 +1,195 @@
+"""Render ``report.html`` from the report dict: one jinja2 template per section.
+
+``templates/base.html`` holds the page (inline CSS, no scripts, no external resources) and
+includes ``templates/sections/NAME.html`` for every entry of :data:`SECTIONS`, in order.
+A section is one template plus one function ``(report, images) -> context | None``; None
+leaves the section out. Autoescape is on: every value from the run directory is escaped.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dpaudit.report.data import REPORT_FPRS, UNIT_LABEL
+
+__all__ = ["SECTIONS", "Section", "render"]
+
+
+@dataclass(frozen=True)
+class Section:
+    name: str  # templates/sections/NAME.html
+    context: Callable[[Mapping[str, Any], Mapping[str, str]], dict[str, Any] | None]
+
+
+def _fmt(value: Any, spec: str = ".3f") -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if math.isinf(value):
+            return "∞"
+        if math.isnan(value):
+            return "—"
+        return format(value, spec)
+    return str(value)
+
+
+def _dp_models(r):
+    return [m for m in r["models"] if m["privacy"] == "dp"]
+
+
+def _eps_text(m) -> str:
+    if m["privacy"] == "non_private":
+        return "∞ (no DP)"
+    if m["privacy"] == "unknown":
+        return "unknown"
+    return _fmt(m["dp"]["epsilon"], ".2f")
+
+
+# --------------------------------------------------------------------------- section contexts
+
+
+def _summary(r, images):
+    counts: dict[str, int] = {}
+    for m in r["models"]:
+        status = "failed" if m["error"] else m["verdict"]["status"]
+        counts[status] = counts.get(status, 0) + 1
+    privacy = {k: sum(1 for m in r["models"] if m["privacy"] == k) for k in ("dp", "non_private", "unknown")}
+    ceilings = sorted({(m["verdict"]["delta"], round(m["audit"]["ceiling"], 6)) for m in r["models"]
+                       if m["audit"]["ceiling"] is not None and m["verdict"]["delta"] is not None})
+    return {"counts": counts, "privacy": privacy, "ceilings": ceilings, "eps_text": _eps_text}
+
+
+def _warnings(r, images):
+    return {"warnings": r["warnings"]}
+
+
+def _compliance(r, images):
+    if r["kind"] == "audit-model" or not _dp_models(r):
+        why = ("an audited released model has no recorded DP claim (privacy unknown), so there is no "
+               "accountant ε to compare a bound with" if r["kind"] == "audit-model" or
+               all(m["privacy"] == "unknown" for m in r["models"])
+               else "no model of this run was trained with DP-SGD")
+        return {"image": None, "why": why}
+    return {"image": images.get("compliance"), "why": "the figure could not be drawn"}
+
+
+def _verdicts(r, images):
+    return {"models": r["models"], "eps_text": _eps_text}
+
+
+def _utility(r, images):
+    return {"image": images.get("utility"), "models": r["models"], "eps_text": _eps_text}
+
+
+def _membership(r, images):
+    names = sorted({a for m in r["models"] for a in m["attacks"]})
+    cnames = sorted({a for m in r["models"] for a in m["canary_attacks"]})
+    if not names and not cnames:
+        return None
+    return {"image": images.get("membership"), "models": r["models"], "names": names, "cnames": cnames,
+            "fprs": REPORT_FPRS, "eps_text": _eps_text}
+
+
+def _extraction(r, images):
+    models = [m for m in r["models"] if m["extraction"]]
+    if not models:
+        return None
+    return {"image": images.get("extraction"), "models": models, "eps_text": _eps_text}
+
+
+def _units(r, images):
+    dp = [m for m in _dp_models(r) if m["dp"]["epsilon"] is not None and not m["error"]]
+    pairs = []
+    for a in dp:
+        for b in dp:
+            if a["dp"]["unit"] == "example" and b["dp"]["unit"] == "user":
+                ea, eb = a["dp"]["epsilon"], b["dp"]["epsilon"]
+                target_a, target_b = a["dp"].get("target_epsilon"), b["dp"].get("target_epsilon")
+                same = (target_a is not None and target_a == target_b) or abs(ea - eb) <= 0.05 * max(ea, eb)
+                if same:
+                    pairs.append((a, b))
+    return {"pairs": pairs, "image": images.get("patient_secrets"), "unit_label": UNIT_LABEL,
+            "has_units": any(m["dp"]["unit"] == "user" for m in dp)}
+
+
+def _checklist(r, images):
+    return {"models": r["models"], "unit_label": UNIT_LABEL}
+
+
+def _roc(r, images):
+    if not images.get("roc"):
+        return None
+    names = {a for m in r["models"] for a in m["attacks"]}
+    return {"image": images["roc"], "lira_and_reference": {"lira_offline", "reference"} <= names,
+            "lira_offline": "lira_offline" in names}
+
+
+def _estimates(r, images):
+    rows: dict[tuple[str, str], dict[str, Any]] = {}
+    attacks: set[str] = set()
+    for m in r["models"]:
+        for attack, s in m["canary_attacks"].items():
+            for method, b in s["bounds"].items():
+                if not b.get("sound"):
+                    row = rows.setdefault((m["name"], method), {"model": m["name"], "method": method,
+                                                                 "delta": b.get("delta"), "by_attack": {}})
+                    row["by_attack"][attack] = {"epsilon": b.get("epsilon"), "mu": (b.get("details") or {}).get("mu")}
+                    attacks.add(attack)
+    return {"rows": list(rows.values()), "attacks": sorted(attacks)} if rows else None
+
+
+def _canaries(r, images):
+    return {"canaries": r["canaries"], "tables": r["tables"], "fleet": r["fleet"]} if (
+        r["canaries"] or r["tables"] or r["fleet"]) else None
+
+
+def _appendix(r, images):
+    import yaml
+
+    return {"config_text": yaml.safe_dump(r["config"], sort_keys=False) if r["config"] else None,
+            "manifest": r["manifest"], "audit_inputs": r["audit_inputs"]}
+
+
+SECTIONS: tuple[Section, ...] = (
+    Section("summary", _summary),
+    Section("warnings", _warnings),
+    Section("compliance", _compliance),
+    Section("verdicts", _verdicts),
+    Section("utility", _utility),
+    Section("membership", _membership),
+    Section("extraction", _extraction),
+    Section("units", _units),
+    Section("checklist", _checklist),
+    Section("roc", _roc),
+    Section("estimates", _estimates),
+    Section("canaries", _canaries),
+    Section("appendix", _appendix),
+)
+
+
+def render(report: Mapping[str, Any], images: Mapping[str, str]) -> str:
+    """The HTML page; ``images[stem]`` is a base64 PNG."""
+    import jinja2
+
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(Path(__file__).with_name("templates"))),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters["fmt"] = _fmt
+    sections = []
+    for s in SECTIONS:
+        ctx = s.context(report, images)
+        if ctx is not None:
+            sections.append({"template": f"sections/{s.name}.html", "name": s.name, "c": ctx})
+    return env.get_template("base.html").render(r=report, sections=sections)

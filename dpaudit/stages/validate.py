@@ -1,0 +1,125 @@
+"""``dpaudit validate``: does a DP-SGD trainer earn the (epsilon, delta) it claims?
+
+One run with m canaries, each in with probability 1/2 (new-token canaries by default): the
+trainer is called once through the plug-in contract, every attack the inputs allow scores
+the canaries, the sound one-run bounds (Steinke et al. 2023, arXiv 2305.08846) are computed
+at delta, corrected over the attacks, and compared with the claim by
+:func:`dpaudit.audit.decide`. The trainer's own sampler checks (``train_checks.json``), when
+it writes them, are part of the verdict.
+
+``consistent`` is not a proof of privacy: the output shows the bound beside the method's
+ceiling, the most m canaries could show. ``inconclusive`` says the audit could not have seen a
+violation: the ceiling is at or below the claim, or the model learned nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dpaudit.config import Config, load_config
+from dpaudit.errors import InputError
+from dpaudit.rundir import RunDir
+
+MODEL = "validate"
+SIGNIFICANCE = 0.05
+JSON_KEYS = ("verdict", "reason", "epsilon_lower_bound", "method", "significance", "num_canaries", "num_guesses",
+             "num_correct", "claimed_epsilon", "delta", "ceiling")
+
+
+def validate_config(*, trainer: str, canaries: int | None, config: str | Path, overrides: list[str]) -> Config:
+    """The run ``validate`` makes: the chosen preset with one model trained by ``trainer``,
+    new-token canaries (unless the overrides say otherwise) and no reference fleet."""
+    sets = ["canaries.set=new_token", "fleet.num_models=0", *overrides, f"models=[{{name: {MODEL}}}]",
+            f"train.trainer={trainer}"]
+    if canaries is not None:
+        if canaries < 2:
+            raise InputError(f"--canaries must be at least 2, got {canaries}")
+        sets.append(f"canaries.num={canaries}")
+    cfg = load_config(config, overrides=sets)
+    if cfg.canaries.num < 2:
+        raise InputError("validate needs canaries: set --canaries (at least 2)")
+    if cfg.canaries.inclusion_prob != 0.5:
+        raise InputError("validate's one-run bounds need canaries.inclusion_prob = 0.5")
+    if cfg.canaries.repetitions > 1 and cfg.train.dp.unit == "example":
+        raise InputError("canaries.repetitions > 1 at note level makes each canary a group of units, which a claim "
+                         "of (epsilon, delta) per unit does not cover: use canaries.repetitions=1")
+    return cfg
+
+
+def validate(*, trainer: str, epsilon: float, delta: float, canaries: int | None = None,
+             config: str | Path = "demo", overrides: list[str] | tuple[str, ...] = (), out: str | Path,
+             command: list[str] | None = None) -> dict[str, Any]:
+    """Train once with ``trainer``, audit the canaries, and return the verdict as a dict with
+    :data:`JSON_KEYS` (plus ``run_dir``, ``checks`` and the model's ``heldout_loss``)."""
+    from dpaudit.stages import attack_run, run
+
+    if not (isinstance(epsilon, (int, float)) and math.isfinite(epsilon) and epsilon > 0):
+        raise InputError(f"--epsilon must be a positive number, got {epsilon}")
+    if not (isinstance(delta, (int, float)) and 0 < delta < 1):
+        raise InputError(f"--delta must be in (0, 1), got {delta}")
+    cfg = validate_config(trainer=trainer, canaries=canaries, config=config, overrides=list(overrides))
+    fresh = not RunDir(out).exists()
+    result = run(cfg, out=out, until="train", command=command)
+    if result.failed:
+        if fresh:
+            shutil.rmtree(result.rundir.root, ignore_errors=True)
+        raise InputError(f"the trainer {trainer} failed: {result.failed[MODEL].split(': ', 1)[-1]}")
+    attacked = attack_run(result.rundir, config=cfg)
+    if attacked.failed:
+        raise InputError(f"the audit of {trainer}'s model failed: {attacked.failed[MODEL]}")
+    return verdict_of(result.rundir, epsilon=epsilon, delta=delta)
+
+
+def verdict_of(rundir: RunDir, *, epsilon: float, delta: float) -> dict[str, Any]:
+    """The verdict on the claim (``epsilon``, ``delta``) from the saved canary scores."""
+    from dpaudit.audit import CanaryScores, decide, one_run_ceiling
+
+    md = rundir.model(MODEL)
+    results = md.read_results()
+    significance = SIGNIFICANCE / len(results)  # the best over attacks holds at SIGNIFICANCE
+    bounds = []
+    for name, r in results.items():
+        scores, labels = r["arrays"]["canaries"]
+        cs = CanaryScores(in_scores=scores[labels], out_scores=scores[~labels], seed=0)
+        bounds.append((name, cs.bound("one_run", delta=delta, significance=significance)))
+    m = int(len(next(iter(results.values()))["arrays"]["canaries"][0]))
+    ceiling = one_run_ceiling(method="one_run", num_canaries=m, delta=delta, significance=significance)
+    heldout, baseline = heldout_losses(rundir, md)
+    learned = None if heldout is None or baseline is None else heldout < baseline
+    verdict = decide(bounds=bounds, claimed_epsilon=epsilon, accountant_epsilon=None, ceiling=ceiling, learned=learned)
+    checks = md.read_train_checks()
+    if checks is not None and not checks.get("ok", True) and verdict.status != "violated":
+        failed = [k for k in ("batch_size",) if (checks.get(k) or {}).get("consistent") is False]
+        reason = ("the trainer's own checks failed (" + (", ".join(failed) or "see train_checks.json") +
+                  "): its sampling or its updates are not what its accounting assumes")
+        verdict = dataclasses.replace(verdict, status="violated", reason=reason)
+    out = {k: v for k, v in verdict.to_dict().items() if k in JSON_KEYS}
+    return {"verdict": verdict.status, **out, "claimed_epsilon": epsilon, "delta": delta, "exit_code": verdict.exit_code,
+            "run_dir": str(rundir.root), "checks": checks, "heldout_loss": heldout, "baseline_loss": baseline}
+
+
+def heldout_losses(rundir: RunDir, md) -> tuple[float | None, float | None]:
+    """The model's held-out loss, and the loss it is compared with to tell whether it learned:
+    the trainer's step-0 evaluation when it logged one, else a uniform guess over the
+    vocabulary (what an untrained model scores)."""
+    log = [r for r in md.read_train_log() if r.get("heldout_loss") is not None]
+    if log and log[0].get("step") == 0 and len(log) > 1:
+        return float(log[-1]["heldout_loss"]), float(log[0]["heldout_loss"])
+    from dpaudit.signals import TokenSignals
+
+    path = md.signals_dir / "target.npz"  # written by the attack stage
+    if not path.is_file():
+        return None, None
+    signals = TokenSignals.load(path)
+    logprob, mask = signals.logprob, signals.mask.astype(bool)
+    roles = [c["role"] for c in rundir.read_candidates()]
+    held = np.array([r == "heldout" for r in roles] + [False] * (len(logprob) - len(roles)))
+    tokens = mask[held]
+    heldout = float(-(logprob[held][tokens]).mean()) if tokens.any() else None
+    return heldout, math.log(len(rundir.read_tokenizer()))

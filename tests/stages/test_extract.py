@@ -1,0 +1,192 @@
+"""Extract stage: extraction.json, its canary fields and its patient secrets (MRNs by the
+patient's number of notes), checked against a naive per-note loop on a tiny model."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import defaultdict
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from dpaudit.rundir import RunDir
+from dpaudit.stages.extract import (
+    MAX_NOTES_PER_GROUP,
+    extract_model,
+    mrn_notes,
+    patient_groups,
+)
+
+GROUP_KEYS = ["notes", "member_patients", "heldout_patients", "member_mean_logprob", "heldout_mean_logprob",
+              "member_extracted", "heldout_extracted"]
+CONFIG = SimpleNamespace(attack=SimpleNamespace(batch_size=8), train=SimpleNamespace(device="cpu"),
+                         data=SimpleNamespace(max_length=128))
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(saved)
+
+
+def make_run(root, candidates, *, train_steps=0):
+    """A run directory with just what the extract stage reads: candidates, canaries, the
+    tokenizer and one model (a tiny GPT-2, trained ``train_steps`` steps on the members'
+    note headers so that it learns some of their MRNs)."""
+    from dpaudit.canaries import make_canaries, save_canaries
+    from dpaudit.data.tokenizer import train_tokenizer
+    from dpaudit.models import build_model
+    from dpaudit.rundir import write_jsonl_atomic
+
+    rundir = RunDir(root)
+    tok = train_tokenizer([c["text"] for c in candidates], vocab_size=400)
+    canaries = make_canaries(spec="random_secret", num_canaries=4, seed=0)
+    rundir.data_dir.mkdir(parents=True)
+    write_jsonl_atomic(rundir.data_dir / "candidates.jsonl", candidates)
+    save_canaries(canaries, rundir.data_dir / "canaries.json", spec="random_secret")
+    tok.save_pretrained(rundir.tokenizer_dir)
+    model = build_model(size="tiny", vocab_size=len(tok), bos_token_id=tok.bos_token_id,
+                        eos_token_id=tok.eos_token_id, seed=0)
+    if train_steps:
+        heads = [c["text"][:80] for c in candidates if c["role"] == "member"]
+        batch = tok(heads, padding=True, return_tensors="pt")
+        labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
+        opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+        model.train()
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            for _ in range(train_steps):
+                loss = model(**batch, labels=labels).loss
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+    model.eval().save_pretrained(rundir.model("m").weights)
+    return rundir, model, tok, canaries
+
+
+@pytest.fixture(scope="module")
+def clinical_candidates():
+    from dpaudit.data.clinical import generate_clinical_notes
+
+    ds = generate_clinical_notes(num_patients=12, seed=0)
+    patients = sorted(set(ds["unit_id"]))
+    members = set(patients[::2])
+    return [{"text": t, "unit_id": u, "role": "member" if u in members else "heldout"}
+            for t, u in zip(ds["text"], ds["unit_id"])]
+
+
+def naive_note(model, tok, text):
+    """(mean per-token log-prob of the MRN, greedy reproduces it): one note, unbatched,
+    one forward pass per MRN token."""
+    m = re.search(r"MRN:? (\d{8})", text)
+    prefix, target = text[: m.start(1) - 1], text[m.start(1) - 1 : m.end(1)]
+    p = tok(prefix, add_special_tokens=False)["input_ids"]
+    full = tok(prefix + target, add_special_tokens=False)["input_ids"]
+    assert full[: len(p)] == p
+    t = full[len(p):]
+    lps, ids, gen = [], list(p), list(p)
+    with torch.no_grad():
+        for tk in t:
+            logits = model(torch.tensor([ids])).logits[0, -1].double()
+            lps.append(float(torch.log_softmax(logits, -1)[tk]))
+            ids.append(tk)
+            gen.append(int(model(torch.tensor([gen])).logits[0, -1].argmax()))
+    return float(np.mean(lps)), gen[len(p):] == t
+
+
+def test_patient_secrets_agree_with_a_naive_loop(tmp_path, clinical_candidates):
+    rundir, model, tok, canaries = make_run(tmp_path / "run", clinical_candidates, train_steps=60)
+    md = rundir.model("m")
+    result = extract_model(rundir, CONFIG, md)
+    assert json.loads(md.extraction_path.read_text()) == result
+
+    # the canary fields, as before
+    from dpaudit.extraction import greedy_extracted
+
+    hit = greedy_extracted(model, tok, prefixes=[c.prefix for c in canaries], targets=[c.secret for c in canaries],
+                           device="cpu")
+    inc = np.array([c.included for c in canaries])
+    assert result["method"] == "greedy decoding from the canary prefix"
+    assert result["included_extracted"] == int(hit[inc].sum()) and result["included_total"] == int(inc.sum())
+    assert result["excluded_extracted"] == int(hit[~inc].sum()) and result["excluded_total"] == int((~inc).sum())
+    assert result["canaries"] == {c.id: {"extracted": bool(h)} for c, h in zip(canaries, hit)}
+
+    # patient secrets: schema
+    ps = result["patient_secrets"]
+    assert ps["field"] == "mrn" and isinstance(ps["method"], str) and ps["method"]
+    assert ps["max_notes_per_group"] == MAX_NOTES_PER_GROUP
+    assert [g["notes"] for g in ps["groups"]] == sorted(g["notes"] for g in ps["groups"])
+    for g in ps["groups"]:
+        assert list(g) == GROUP_KEYS
+
+    # ... and values: one note at a time, grouped by the patient (unit_id) by hand
+    per_patient = defaultdict(list)
+    for c in clinical_candidates:
+        per_patient[(c["role"], c["unit_id"])].append(naive_note(model, tok, c["text"]))
+    expected = defaultdict(lambda: {"member": [], "heldout": []})
+    for (role, _), scores in per_patient.items():
+        expected[len(scores)][role].append(scores)
+    assert [g["notes"] for g in ps["groups"]] == sorted(expected)
+    for g in ps["groups"]:
+        for role in ("member", "heldout"):
+            pats = expected[g["notes"]][role]
+            assert g[f"{role}_patients"] == len(pats)
+            if not pats:
+                assert g[f"{role}_mean_logprob"] is None and g[f"{role}_extracted"] is None
+                continue
+            assert g[f"{role}_mean_logprob"] == pytest.approx(np.mean([np.mean([s[0] for s in p]) for p in pats]),
+                                                              abs=1e-4)
+            assert g[f"{role}_extracted"] == pytest.approx(np.mean([s[1] for p in pats for s in p]))
+    # the model was trained on the members' headers: their MRNs are likelier than held-out ones
+    lp = lambda role: np.mean([g[f"{role}_mean_logprob"] for g in ps["groups"] if g[f"{role}_patients"]])
+    assert lp("member") > lp("heldout")
+
+    # in place: not recomputed
+    md.extraction_path.write_text(json.dumps({**result, "marker": 1}))
+    assert extract_model(rundir, CONFIG, md)["marker"] == 1
+
+
+def test_corpus_without_mrns_has_no_patient_secrets(tmp_path):
+    cands = [{"text": f"note {i} about the weather today, it is {i} degrees", "unit_id": f"u{i // 2}",
+              "role": "member" if i % 4 < 2 else "heldout"} for i in range(8)]
+    rundir, *_ = make_run(tmp_path / "run", cands)
+    result = extract_model(rundir, CONFIG, rundir.model("m"))
+    assert result["patient_secrets"] is None
+    assert result["included_total"] + result["excluded_total"] == 4
+
+
+def test_mrn_notes_and_grouping():
+    def note(role, unit, mrn, sep=": "):
+        return {"text": f"Name: X\nMRN{sep}{mrn}\nrest", "unit_id": unit, "role": role}
+
+    cands = ([note("member", "a", "00000001")] * 2 + [note("member", "b", "00000002", " ")] * 3
+             + [note("heldout", "c", "00000003")] * 2 + [note("heldout", "d", "00000001")]  # d shares a's MRN
+             + [{"text": "no number here", "unit_id": "e", "role": "heldout"}])
+    notes = mrn_notes(cands)
+    assert len(notes) == 7  # d's note (an MRN the model saw) and the note without one are out
+    assert notes[0] == {"role": "member", "patient": "00000001", "prefix": "Name: X\nMRN:", "target": " 00000001"}
+    assert notes[2]["prefix"].endswith("MRN") and notes[2]["target"] == " 00000002"
+    groups = patient_groups(notes)
+    assert sorted(groups) == [2, 3]
+    assert [p for p, _ in groups[2]["member"]] == ["00000001"] and groups[2]["member"][0][1] == [0, 1]
+    assert [p for p, _ in groups[2]["heldout"]] == ["00000003"] and groups[3]["heldout"] == []
+    assert mrn_notes([c for c in cands if c["role"] == "member"]) is None  # no held-out baseline
+    assert mrn_notes([{"text": "plain", "unit_id": "u", "role": "member"}]) is None
+
+
+def test_grouping_caps_whole_patients_with_a_seeded_sample():
+    notes = [{"role": "member", "patient": f"{p:08d}", "prefix": "MRN", "target": " 1"}
+             for p in range(40) for _ in range(3)]
+    full = patient_groups(notes)[3]["member"]
+    assert len(full) == 40
+    capped = patient_groups(notes, max_notes=31)[3]["member"]
+    assert len(capped) == 10  # 10 whole patients of 3 notes fit in 31
+    assert all(len(ix) == 3 for _, ix in capped)
+    assert capped == patient_groups(notes, max_notes=31)[3]["member"]  # seeded
+    assert capped != patient_groups(notes, max_notes=31, seed=1)[3]["member"]
+    assert {p for p, _ in capped} <= {p for p, _ in full}
