@@ -129,7 +129,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dpaudit {args.command}: error: {err}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
-        print(f"dpaudit {args.command}: interrupted", file=sys.stderr)
+        hint = " (finished stages are kept: rerun the same command with the same --out to resume)" \
+            if args.command in ("run", "train", "attack") else ""
+        print(f"dpaudit {args.command}: interrupted{hint}", file=sys.stderr)
         return 130
 
 

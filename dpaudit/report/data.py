@@ -108,7 +108,8 @@ def _rate(k: Any, n: Any) -> float | None:
 def _privacy(md: ModelDir, warn) -> tuple[str, dict[str, Any], Any]:
     """(privacy, dp dict, accountant callable delta -> epsilon or None)."""
     dp = dict.fromkeys(DP_KEYS)
-    dp.update(epsilon_logged=None, target_epsilon=None, sampler=None, adjacency=None, sampling_scheme=None)
+    dp.update(epsilon_logged=None, target_epsilon=None, sampler=None, adjacency=None, sampling_scheme=None,
+              group_epsilon=None)
     try:
         record = md.read_dp_event()
     except InputError as err:
@@ -385,7 +386,7 @@ def _extraction(md: ModelDir, include_texts: bool, warn) -> tuple[dict | None, l
 # --------------------------------------------------------------------------- one model
 
 
-def _model(rundir: RunDir, name: str, *, include_texts: bool, num_canaries: int | None,
+def _model(rundir: RunDir, name: str, *, include_texts: bool, num_canaries: int | None, repetitions: int,
            report_warnings: list[str]) -> tuple[dict, dict, list, list, list]:
     from dpaudit.audit import decide
 
@@ -419,7 +420,20 @@ def _model(rundir: RunDir, name: str, *, include_texts: bool, num_canaries: int 
     audit = _audit(bounds, num_canaries=num_canaries, delta=dp["delta"], warn=warn)
     extraction, ext_rows, patient_rows = _extraction(md, include_texts, warn)
 
-    if privacy == "dp":
+    if privacy == "dp" and repetitions > 1 and dp["unit"] == "example" and None not in (
+            dp["noise_multiplier"], dp["sample_rate"], dp["steps"], dp["delta"]):
+        # r copies of a canary are r units at note level: the audit measures a group of r, and
+        # the claim it is held to is the group's epsilon, from the same DP-SGD event
+        from dpaudit.accounting import group_epsilon
+
+        def accountant(delta: float, _dp=dp) -> float:
+            return group_epsilon(noise_multiplier=_dp["noise_multiplier"], sample_rate=_dp["sample_rate"],
+                                 steps=_dp["steps"], delta=delta, group_size=repetitions)
+
+        claimed = dp["group_epsilon"] = accountant(dp["delta"])
+        warn(f"each canary is repeated {repetitions} times at note level, so the audit measures a group of "
+             f"{repetitions} notes: it is held to the group's epsilon {claimed:.3g}, not the per-note {dp['epsilon']:.3g}")
+    elif privacy == "dp":
         claimed = dp["epsilon"]
     elif privacy == "non_private":
         claimed = math.inf
@@ -567,7 +581,9 @@ def assemble(rundir: RunDir, *, include_texts: bool = False, title: str | None =
 
     models, roc, ext_rows, patient_rows, bound_rows = [], {}, [], [], []
     for name in names:
+        reps = canaries["repetitions"] if canaries and isinstance(canaries["repetitions"], int) else 1
         entry, r, e, p, b = _model(rundir, name, include_texts=include_texts, num_canaries=num_canaries,
+                                   repetitions=reps,
                                    report_warnings=warnings)
         models.append(entry)
         roc[name] = r

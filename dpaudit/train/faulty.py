@@ -2,7 +2,9 @@
 
 Each one runs the real loop and records the same ``dp_event.json`` as
 ``dpaudit.train:dpsgd`` (it claims the correct Poisson-sampled Gaussian guarantee, and its
-``train_checks.json`` claims Poisson sampling), but breaks one step of DP-SGD:
+``train_checks.json`` claims Poisson sampling), but breaks one step of DP-SGD; the one
+exception, ``microstep_accounting``, breaks the accounting itself: its correct-looking
+record is that of the wrong event (rate q / k, k * T steps).
 
 ===========================  ==============================================================
 ``no_noise``                 no Gaussian noise at all
@@ -10,7 +12,38 @@ Each one runs the real loop and records the same ``dp_event.json`` as
 ``batch_clipping``           the summed batch gradient is clipped to C, not each unit's
 ``shuffle_as_poisson``       shuffled fixed-size batches, accounted as Poisson sampling
 ``realised_batch_size``      the noisy sum is divided by the realised batch size
+``mean_noise_on_sum``        noise std sigma * C / B (calibrated for the mean) added to the
+                             sum before dividing by B: B times too little noise
+``microstep_accounting``     accounts each of k = 4 gradient-accumulation micro-steps as a
+                             step: records rate q / k and k * T steps, samples at rate q
+``noisy_microsteps``         CONSERVATIVE (over-noised, no privacy bug): each of k = 4
+                             micro-steps adds its own noise, sqrt(k) times the claimed std
+``nonfinite_passthrough``    norms of loss-scaled gradients overflow float16 to inf; an
+                             inf/nan guard maps them to 0, so those units go in unclipped
+``unclipped_params``         biases are left out of per-unit clipping but still updated
+                             with their raw summed gradient
+``reused_noise``             the same noise vector at every step (a reused PRNG key)
 ===========================  ==============================================================
+
+Direction. Every variant but ``noisy_microsteps`` is less private than its recorded
+guarantee (a sound audit may flag it); ``noisy_microsteps`` is MORE private than claimed
+(a negative control: an audit that flags it is wrong). :data:`CONSERVATIVE` names it.
+
+Where the bug classes come from (kinds, not citations of particular reports):
+``mean_noise_on_sum`` and ``noisy_microsteps`` are the two ways of getting the noise scale
+wrong when the noise is added at a different point (sum vs mean, per micro-batch vs per
+logical batch) than the calibration assumed, a recurring topic of DP-SGD library issue
+threads on noise scaling with gradient accumulation / virtual batches;
+``microstep_accounting`` is the accounting side of the same confusion (physical vs logical
+batches: the accountant is stepped per micro-batch, or q is computed from the physical
+batch size; Opacus's ``BatchMemoryManager`` and ``signal_skip_step`` exist to keep them
+apart); ``nonfinite_passthrough`` combines two recurring hazards, low-precision /
+mixed-precision per-sample norm computation and non-finite guards that fail open;
+``unclipped_params`` is the class where per-sample gradient machinery covers only some
+layer types or parameters (hooks-based implementations support a list of layers) and the
+rest is trained with ordinary batch gradients; ``reused_noise`` is the functional-PRNG
+mistake of drawing every step's noise from the same key (JAX without ``random.split``) or
+re-seeding the noise generator each step.
 
 Kept apart from the real engine on purpose: nothing in :mod:`dpaudit.train.engine` knows
 about these variants. Use them as ``train.trainer: dpaudit.train.faulty:NAME``.
@@ -18,13 +51,28 @@ about these variants. Use them as ``train.trainer: dpaudit.train.faulty:NAME``.
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
+import json
 from pathlib import Path
 
 import torch
 
+from dpaudit import accounting
 from dpaudit.config import Config
-from dpaudit.train.engine import CLIP_EPS, DPSGDEngine
-from dpaudit.train.loop import TrainerSpec, run_training
+from dpaudit.errors import InputError
+from dpaudit.rundir import DP_EVENT, write_json_atomic
+from dpaudit.train.engine import CLIP_EPS, DPSGDEngine, StepStats
+from dpaudit.train.loop import (
+    TrainerSpec,
+    default_config,
+    group_units,
+    num_steps,
+    run_training,
+    sample_rate,
+)
+
+MICROSTEPS = 4  # k: gradient-accumulation micro-steps per logical step, for the micro-step variants
 
 
 class NoNoiseEngine(DPSGDEngine):
@@ -59,6 +107,117 @@ class RealisedBatchSizeEngine(DPSGDEngine):
         return {name: g / max(realised_batch_size, 1) for name, g in noisy.items()}
 
 
+class MeanNoiseOnSumEngine(DPSGDEngine):
+    """Noise std sigma * C / B, right for the mean, added to the sum, which is then divided
+    by B: the update's noise std is sigma * C / B^2 instead of sigma * C / B."""
+
+    def noise_std(self) -> float:
+        return super().noise_std() / self.expected_batch_size
+
+
+class NoisyMicrostepsEngine(DPSGDEngine):
+    """Gradient accumulation over ``microsteps`` micro-steps (the batch's units split into k
+    contiguous chunks), each micro-step adding its own N(0, sigma^2 C^2 I) to its partial
+    clipped sum: total noise std sqrt(k) * sigma * C. Over-noised, not a privacy bug."""
+
+    microsteps = MICROSTEPS
+
+    def step(self, units, generator=None) -> StepStats:
+        units = list(units)
+        k = self.microsteps
+        bounds = [round(i * len(units) / k) for i in range(k + 1)]
+        total, stats = self.zeros(), StepStats()
+        for lo, hi in itertools.pairwise(bounds):
+            partial, part = self.summed_gradients(units[lo:hi])
+            noisy = self.add_noise(partial, generator)  # the bug: noise per micro-step
+            for name in total:
+                total[name] += noisy[name]
+            _merge_stats(stats, part)
+        update = self.normalize(total, len(units))
+        for name, p in self.params.items():
+            p.grad = update[name].to(p.dtype)
+        return stats
+
+
+def _merge_stats(into: StepStats, part: StepStats) -> None:
+    into.num_units += part.num_units
+    into.num_examples += part.num_examples
+    into.losses.extend(part.losses)
+    into.unit_norms.extend(part.unit_norms)
+    into.nonfinite_units += part.nonfinite_units
+    into.clipped_units += part.clipped_units
+
+
+class NonfinitePassthroughEngine(DPSGDEngine):
+    """Per-unit norms taken of the loss-scaled gradient (mixed-precision training with a
+    loss scaler, initial scale ``loss_scale`` = 2^16 as torch's ``GradScaler``) with the
+    squared norm held in ``norm_dtype`` = float16: it overflows to inf once
+    ``loss_scale * ||g||`` exceeds sqrt(65504) ~ 256, i.e. ||g|| > ~0.0039. A guard meant to
+    keep NaN out of the clip factor maps non-finite norms to 0 (``nan_to_num(norm, nan=0,
+    posinf=0)``), and a norm of 0 means "no clipping needed": the clip factor is 1 and the
+    unit's full gradient goes in. Units whose gradient norm is below the threshold are
+    clipped correctly. Here nearly every unit overflows, and the larger a unit's gradient
+    (an outlier, a canary) the surer it passes unclipped; a NaN gradient passes too (as in
+    the correct engine, where it makes the update NaN)."""
+
+    loss_scale = 2.0**16
+    norm_dtype = torch.float16
+
+    def clip_factors(self, norms):
+        squared = (norms * self.loss_scale).pow(2).to(self.norm_dtype)
+        guarded = torch.where(torch.isfinite(squared), norms, torch.zeros_like(norms))  # fails open
+        return super().clip_factors(guarded)
+
+
+class UnclippedParamsEngine(DPSGDEngine):
+    """Parameters named ``*bias`` are outside the per-unit clipping: the norm is taken over
+    the other parameters only, and the biases get the raw sum of their per-unit gradients
+    (then noise and division by B as usual). Their sensitivity is unbounded."""
+
+    def __init__(self, model, **kwargs):
+        super().__init__(model, **kwargs)
+        self.unclipped = {name for name in self.params if self.is_unclipped(name)}
+        if not self.unclipped or len(self.unclipped) == len(self.params):
+            raise InputError(
+                "dpaudit.train.faulty:unclipped_params needs trainable bias parameters and others "
+                f"({len(self.unclipped)} of {len(self.params)} trainable parameters are biases; with LoRA there are none)"
+            )
+
+    @staticmethod
+    def is_unclipped(name: str) -> bool:
+        return name.endswith("bias")
+
+    def summed_gradients(self, units):
+        def accumulate(unit_grads, total, stats):
+            if next(iter(unit_grads.values())).shape[0] == 0:
+                return
+            for name in self.unclipped:
+                total[name] += unit_grads[name].sum(0)
+            self.clipped_sum({n: g for n, g in unit_grads.items() if n not in self.unclipped}, total, stats)
+
+        return self._summed(units, accumulate)
+
+
+class ReusedNoiseEngine(DPSGDEngine):
+    """The noise vector is drawn once, at the first step, and added again at every step (as
+    with a PRNG key that is never split): the difference of two updates is noise-free."""
+
+    def __init__(self, model, **kwargs):
+        super().__init__(model, **kwargs)
+        self._noise: dict | None = None
+
+    def add_noise(self, summed, generator):
+        std = self.noise_std()
+        if std == 0:
+            return summed
+        if self._noise is None:
+            self._noise = {
+                name: std * torch.randn(g.shape, generator=generator, device=g.device, dtype=g.dtype)
+                for name, g in summed.items()
+            }
+        return {name: g + self._noise[name] for name, g in summed.items()}
+
+
 SPECS: dict[str, TrainerSpec] = {
     "no_noise": TrainerSpec("dpaudit.train.faulty:no_noise", private=True, engine=NoNoiseEngine),
     "unscaled_noise": TrainerSpec("dpaudit.train.faulty:unscaled_noise", private=True, engine=UnscaledNoiseEngine),
@@ -69,7 +228,19 @@ SPECS: dict[str, TrainerSpec] = {
     "realised_batch_size": TrainerSpec(
         "dpaudit.train.faulty:realised_batch_size", private=True, engine=RealisedBatchSizeEngine
     ),
+    "mean_noise_on_sum": TrainerSpec("dpaudit.train.faulty:mean_noise_on_sum", private=True, engine=MeanNoiseOnSumEngine),
+    "microstep_accounting": TrainerSpec(
+        "dpaudit.train.faulty:microstep_accounting", private=True, engine=DPSGDEngine
+    ),
+    "noisy_microsteps": TrainerSpec("dpaudit.train.faulty:noisy_microsteps", private=True, engine=NoisyMicrostepsEngine),
+    "nonfinite_passthrough": TrainerSpec(
+        "dpaudit.train.faulty:nonfinite_passthrough", private=True, engine=NonfinitePassthroughEngine
+    ),
+    "unclipped_params": TrainerSpec("dpaudit.train.faulty:unclipped_params", private=True, engine=UnclippedParamsEngine),
+    "reused_noise": TrainerSpec("dpaudit.train.faulty:reused_noise", private=True, engine=ReusedNoiseEngine),
 }
+
+CONSERVATIVE = frozenset({"noisy_microsteps"})  # more private than claimed: audits must NOT flag these
 
 DESCRIPTIONS = {
     "no_noise": "no Gaussian noise",
@@ -77,7 +248,78 @@ DESCRIPTIONS = {
     "batch_clipping": "the batch gradient is clipped instead of each unit's",
     "shuffle_as_poisson": "shuffled fixed-size batches accounted as Poisson sampling",
     "realised_batch_size": "noisy sum divided by the realised batch size instead of the expected one",
+    "mean_noise_on_sum": (
+        "noise calibrated for the mean (std sigma * C / B) but added to the sum, so B times too little "
+        "noise: a recurring bug class in DP-SGD implementations (where the noise goes relative to the "
+        "division by B, e.g. library issue threads on noise scaling with gradient accumulation)"
+    ),
+    "microstep_accounting": (
+        f"gradient accumulation accounted per micro-step: records rate q / {MICROSTEPS} and {MICROSTEPS} times "
+        "the steps while sampling at rate q, which understates epsilon (about sqrt(k) times at small q); "
+        "the physical-vs-logical batch confusion of accountants stepped per micro-batch or fed the "
+        "physical batch size"
+    ),
+    "noisy_microsteps": (
+        f"CONSERVATIVE, not a privacy bug: gradient accumulation over {MICROSTEPS} micro-steps, each adding its "
+        "own noise, so the noise std is sqrt(k) times the claimed one (over-noised; a negative control); "
+        "the noise-placement side of the micro-batch confusion"
+    ),
+    "nonfinite_passthrough": (
+        "per-unit norms of loss-scaled (x 2^16) gradients overflow float16 to inf and a non-finite guard "
+        "maps them to 0, i.e. clip factor 1: units with norm above ~0.0039 go in unclipped; the "
+        "mixed-precision per-sample norm hazard combined with a nan/inf guard that fails open"
+    ),
+    "unclipped_params": (
+        "biases are left out of per-unit clipping and updated with their raw summed gradient: the class "
+        "where per-sample gradient machinery covers only some layers or parameters"
+    ),
+    "reused_noise": (
+        "the same noise vector at every step, as with a reused (never split) PRNG key or a noise "
+        "generator re-seeded each step: differences of updates are noise-free"
+    ),
 }
+
+
+def _run(dataset, tokenizer, *, seed, spec, config, run_dir, eval_dataset):
+    return run_training(dataset, tokenizer, seed=seed, spec=spec, config=config, run_dir=run_dir,
+                        eval_dataset=eval_dataset)
+
+
+def _microstep_accounting(dataset, tokenizer, *, seed, spec, config, run_dir, eval_dataset):
+    """Train with the correct engine and Poisson rate q; record the accounting of k = MICROSTEPS
+    micro-steps per step at rate q / k (sigma calibrated that way from a target epsilon)."""
+    k = MICROSTEPS
+    config = config if config is not None else default_config(spec)
+    dp = config.train.dp if isinstance(config, Config) else None
+    if dp is None or (dp.noise_multiplier is None) == (dp.target_epsilon is None):
+        # let the real loop reject the config with its own message
+        return run_training(dataset, tokenizer, seed=seed, spec=spec, config=config, run_dir=run_dir,
+                            eval_dataset=eval_dataset)
+    num_units = len(group_units(dataset, dp.unit))
+    steps = num_steps(config.train, num_units)
+    q = sample_rate(config.train.batch_size, num_units)
+    delta = accounting.default_delta(num_units) if dp.delta is None else accounting.check_delta(dp.delta, num_units)
+    sigma = dp.noise_multiplier
+    if sigma is None:  # calibrated under the wrong accounting: too little noise for the target
+        sigma = accounting.noise_multiplier(target_epsilon=dp.target_epsilon, sample_rate=q / k, steps=k * steps,
+                                            delta=delta, method=dp.accountant)
+        dp_run = dataclasses.replace(dp, noise_multiplier=float(sigma), target_epsilon=None)
+        config = dataclasses.replace(config, train=dataclasses.replace(config.train, dp=dp_run))
+    model = run_training(dataset, tokenizer, seed=seed, spec=spec, config=config, run_dir=run_dir,
+                         eval_dataset=eval_dataset)
+    if run_dir is not None:
+        path = Path(run_dir) / DP_EVENT
+        record = json.loads(path.read_text())
+        event = accounting.make_event(noise_multiplier=float(sigma), sample_rate=q / k, steps=k * steps)
+        record.update(
+            event=accounting.event_to_dict(event),
+            epsilon=accounting.epsilon_from_event(event, delta=delta, method=dp.accountant),
+            sample_rate=q / k,
+            steps=k * steps,
+            target_epsilon=dp.target_epsilon,
+        )
+        write_json_atomic(path, record)
+    return model
 
 
 def _trainer(key: str):
@@ -85,11 +327,14 @@ def _trainer(key: str):
 
     def train(dataset, tokenizer, *, seed: int, config: Config | None = None, run_dir: str | Path | None = None,
               eval_dataset=None):
-        return run_training(dataset, tokenizer, seed=seed, spec=spec, config=config, run_dir=run_dir,
-                            eval_dataset=eval_dataset)
+        run = _microstep_accounting if key == "microstep_accounting" else _run
+        return run(dataset, tokenizer, seed=seed, spec=spec, config=config, run_dir=run_dir,
+                   eval_dataset=eval_dataset)
 
     train.__name__ = train.__qualname__ = key
-    train.__doc__ = f"FAULTY DP-SGD for validation: {DESCRIPTIONS[key]}. Claims the correct guarantee."
+    claim = ("Records the guarantee of its wrong accounting." if key == "microstep_accounting"
+             else "Claims the correct guarantee.")
+    train.__doc__ = f"FAULTY DP-SGD for validation: {DESCRIPTIONS[key]}. {claim}"
     train.claims_dp = True
     return train
 
@@ -99,7 +344,13 @@ unscaled_noise = _trainer("unscaled_noise")
 batch_clipping = _trainer("batch_clipping")
 shuffle_as_poisson = _trainer("shuffle_as_poisson")
 realised_batch_size = _trainer("realised_batch_size")
+mean_noise_on_sum = _trainer("mean_noise_on_sum")
+microstep_accounting = _trainer("microstep_accounting")
+noisy_microsteps = _trainer("noisy_microsteps")
+nonfinite_passthrough = _trainer("nonfinite_passthrough")
+unclipped_params = _trainer("unclipped_params")
+reused_noise = _trainer("reused_noise")
 
 FAULTY_TRAINERS = {key: globals()[key] for key in SPECS}
 
-__all__ = ["DESCRIPTIONS", "FAULTY_TRAINERS", *SPECS]
+__all__ = ["CONSERVATIVE", "DESCRIPTIONS", "FAULTY_TRAINERS", *SPECS]

@@ -138,11 +138,18 @@ def test_many_models_and_mode_restored(tokenizer):
     assert not np.allclose(many[0].logprob, many[1].logprob)
 
 
-def test_progress_goes_to_stderr_only(model, tokenizer, capsys):
-    compute_signals(model, tokenizer, TEXTS[:3], device="cpu", progress=True)
-    out, err = capsys.readouterr()
-    assert out == "" and "signals" in err
-    compute_signals(model, tokenizer, TEXTS[:3], device="cpu", progress=False)
+def test_progress_goes_to_the_log_never_to_stdout(model, tokenizer, capsys, caplog):
+    """Off a terminal there is no bar: progress is a log line (``dpaudit.progress``), which
+    the CLI sends to stderr and run.log."""
+    with caplog.at_level("INFO", logger="dpaudit.progress"):
+        compute_signals(model, tokenizer, TEXTS[:3], device="cpu", progress=True)
+    assert any(r.name == "dpaudit.progress" and "signals" in r.getMessage() and "3/3" in r.getMessage()
+               for r in caplog.records)
+    assert capsys.readouterr().out == ""
+    caplog.clear()
+    with caplog.at_level("INFO", logger="dpaudit.progress"):
+        compute_signals(model, tokenizer, TEXTS[:3], device="cpu", progress=False)
+    assert not caplog.records
     out, err = capsys.readouterr()
     assert out == "" and err == ""
 

@@ -7,6 +7,7 @@ no training.
 from __future__ import annotations
 
 import csv
+import json
 import math
 import re
 import shutil
@@ -311,3 +312,27 @@ def test_violation_is_reported(tmp_path):
     m = _model(assemble(run).report, "dp4")
     assert m["verdict"]["status"] == "violated"
     assert m["audit"]["epsilon_lower_bound"] == 50.0
+
+
+@pytest.mark.parametrize("repetitions", [1, 4])
+def test_repeated_canaries_at_note_level_are_held_to_the_group_epsilon(tmp_path, repetitions):
+    """A correct trainer whose canaries are repeated r = 4 times at note level: the audit
+    measures a group of 4 notes, so a bound above the per-note epsilon but below the group's
+    is no violation; with r = 1 the same bound is one."""
+    from dpaudit.accounting import epsilon, group_epsilon
+    from dpaudit.report.data import assemble
+
+    common = dict(noise_multiplier=1.0, sample_rate=0.08, steps=10, delta=DELTA)
+    per_note, group = epsilon(**common), group_epsilon(**common, group_size=4)
+    run = make_run(tmp_path)
+    data = json.loads((run.data_dir / "canaries.json").read_text())
+    for c in data["canaries"]:
+        c["repetitions"] = repetitions
+    write_json_atomic(run.data_dir / "canaries.json", data)
+    md = run.model("dp4")
+    shutil.rmtree(md.results_dir)
+    _write_results(md, np.random.default_rng(3), shift=3.0, bound_eps=((per_note + group) / 2, 0.1))
+    m = _model(assemble(run).report, "dp4")
+    assert (m["verdict"]["status"] == "violated") == (repetitions == 1)
+    if repetitions == 4:
+        assert m["dp"]["group_epsilon"] == pytest.approx(group)
