@@ -158,6 +158,14 @@ class ModelDir:
     def read_train_log(self) -> list[dict[str, Any]]:
         return read_jsonl(self.train_log_path) if self.train_log_path.is_file() else []
 
+    def read_train_fit(self) -> tuple[float | None, float | None]:
+        """Loss on the training rows before training (the step-0 record) and at the last
+        evaluation; ``(None, None)`` when the trainer logged no step-0 evaluation."""
+        fits = [r for r in self.read_train_log() if r.get("train_eval_loss") is not None]
+        if len(fits) < 2 or fits[0].get("step") != 0:
+            return None, None
+        return float(fits[0]["train_eval_loss"]), float(fits[-1]["train_eval_loss"])
+
     def read_dp_event(self) -> dict[str, Any] | None:
         """``dp_event.json``, or None when the trainer wrote none (a plug-in that does not
         take ``run_dir``): then nothing is known about its privacy."""
@@ -194,13 +202,21 @@ class ModelDir:
             "splits": {k: v[2] for k, v in splits.items()},
         })
 
+    def write_attack_index(self, attacks: list[str]) -> None:
+        """``results/index.json``, written when every attack of the run is in place."""
+        write_json_atomic(self.results_dir / "index.json", {"schema_version": SCHEMA_VERSION, "attacks": attacks})
+
+    def attacked(self) -> bool:
+        """The attack stage finished for this model (a resume skips it)."""
+        return (self.results_dir / "index.json").is_file()
+
     def read_results(self) -> dict[str, dict[str, Any]]:
         """``{attack: {"params", "splits": {split: metrics}, "arrays": {split: (scores, labels)}}}``
         in file-name order; an InputError for an unreadable or inconsistent file."""
         import numpy as np
 
         out: dict[str, dict[str, Any]] = {}
-        for path in sorted(self.results_dir.glob("*.json")):
+        for path in sorted(p for p in self.results_dir.glob("*.json") if p.name != "index.json"):
             data = read_json(path)
             npz = path.with_suffix(".npz")
             if not isinstance(data, dict) or not isinstance(data.get("splits"), dict) or not npz.is_file():

@@ -60,7 +60,7 @@ from dpaudit.audit.strategy import (
     SplitStrategy,
     Strategy,
 )
-from dpaudit.audit.verdict import Verdict, decide
+from dpaudit.audit.verdict import Verdict, decide, learned
 
 __all__ = [
     # bounds
@@ -98,6 +98,7 @@ __all__ = [
     "DEFAULT_FPR_GRID",
     # ceilings
     "ceiling_table",
+    "learned",
     "format_ceiling_table",
     "CeilingRow",
     "one_run_ceiling",

@@ -45,7 +45,22 @@ from dpaudit.audit.canary_scores import BoundResult
 from dpaudit.errors import InputError
 from dpaudit.jsonable import jsonable
 
-__all__ = ["STATUSES", "Verdict", "decide"]
+__all__ = ["STATUSES", "Verdict", "decide", "learned", "MIN_LOSS_DROP"]
+
+#: A model "learned" when its loss fell by at least this fraction of the loss before training
+#: (and by at least MIN_LOSS_DROP_NATS): a from-scratch DP model at perplexity 4,246 on a
+#: vocabulary of about 4,500 (a drop of 0.7%) did not.
+MIN_LOSS_DROP = 0.01
+MIN_LOSS_DROP_NATS = 0.01
+
+
+def learned(*, initial_loss: float | None, final_loss: float | None) -> bool | None:
+    """Did training move the model? ``final_loss`` at least 1% (and 0.01 nats) below
+    ``initial_loss``; None when either is unknown. A model that learned nothing from its
+    training data memorized nothing, so no audit of it can see a violation."""
+    if initial_loss is None or final_loss is None:
+        return None
+    return bool(initial_loss - final_loss >= max(MIN_LOSS_DROP * abs(initial_loss), MIN_LOSS_DROP_NATS))
 
 #: The four verdicts.
 STATUSES: tuple[str, ...] = ("violated", "consistent", "inconclusive", "no_claim")

@@ -179,10 +179,10 @@ def _utility(records: list[dict[str, Any]]) -> dict[str, Any]:
         "final_train_loss": next((_num(r.get("train_loss")) for r in reversed(records)
                                   if _num(r.get("train_loss")) is not None), None),
         "steps_logged": max((_int(r.get("step")) or 0 for r in records), default=None),
+        "initial_train_loss": None,
+        "train_eval_loss": None,
         "learned": None,
     }
-    if step0 is not None and last is not None and last is not step0:
-        out["learned"] = bool(out["heldout_loss"] < out["initial_heldout_loss"])
     return out
 
 
@@ -388,7 +388,7 @@ def _extraction(md: ModelDir, include_texts: bool, warn) -> tuple[dict | None, l
 
 def _model(rundir: RunDir, name: str, *, include_texts: bool, num_canaries: int | None, repetitions: int,
            report_warnings: list[str]) -> tuple[dict, dict, list, list, list]:
-    from dpaudit.audit import decide
+    from dpaudit.audit import decide, learned
 
     md = rundir.model(name)
     warnings: list[str] = []
@@ -415,6 +415,11 @@ def _model(rundir: RunDir, name: str, *, include_texts: bool, num_canaries: int 
         warn(str(e))
         log = []
     utility = _utility(log)
+    # Learned = fit its training rows (canaries included): a DP fine-tune of a strong public base
+    # may not beat the base on held-out notes, yet learn from its private rows, which is what an
+    # audit of memorization needs.
+    utility["initial_train_loss"], utility["train_eval_loss"] = md.read_train_fit()
+    utility["learned"] = learned(initial_loss=utility["initial_train_loss"], final_loss=utility["train_eval_loss"])
     checks = _train_checks(md, warn)
     attacks, canary_attacks, bounds, roc = _attacks(md, warn)
     audit = _audit(bounds, num_canaries=num_canaries, delta=dp["delta"], warn=warn)

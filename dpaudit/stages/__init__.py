@@ -156,8 +156,10 @@ def attack_run(rundir: RunDir | str | Path, *, config: Config | None = None, dat
         if not md.is_trained():
             continue
         try:
-            attack_model(rundir, config, md, texts=texts, record_labels=record_labels, canary_labels=canary_labels,
-                         references=references, keep=keep, attacks=attacks, default_delta=delta)
+            if attacks is not None or not md.attacked():
+                attack_model(rundir, config, md, texts=texts, record_labels=record_labels,
+                             canary_labels=canary_labels, references=references, keep=keep, attacks=attacks,
+                             default_delta=delta)
             extract_model(rundir, config, md)
             md.clear_error()
         except Exception as err:  # noqa: BLE001

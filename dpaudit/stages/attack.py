@@ -83,12 +83,13 @@ def split_metrics(
 
 
 def model_id(model_dir: Path) -> str:
-    """Identity of saved weights for the signal cache: path, size and modification time."""
+    """Identity of saved weights for a signal cache that lives beside them: file name, size
+    and modification time (not the path, so a copied run directory keeps its cache)."""
     parts = []
     for f in sorted(Path(model_dir).glob("*.safetensors")):
         st = f.stat()
-        parts.append(f"{f.resolve()}:{st.st_size}:{st.st_mtime_ns}")
-    return "|".join(parts) or str(Path(model_dir).resolve())
+        parts.append(f"{f.name}:{st.st_size}:{st.st_mtime_ns}")
+    return "|".join(parts) or Path(model_dir).name
 
 
 def attack_texts(rundir: RunDir) -> tuple[list[str], np.ndarray, np.ndarray]:
@@ -150,4 +151,6 @@ def attack_model(rundir: RunDir, config, md: ModelDir, *, texts: list[str], reco
             splits["canaries"] = (s[n:], canary_labels, canary)
         md.write_results(name, params=get_attack(name, **params.get(name, {})).get_params(), splits=splits)
         summary[name] = records
+    if attacks is None:
+        md.write_attack_index(sorted(scores))  # last: the stage is complete for this model
     return summary

@@ -56,7 +56,7 @@ def validate(*, trainer: str, epsilon: float, delta: float, canaries: int | None
              config: str | Path = "demo", overrides: list[str] | tuple[str, ...] = (), out: str | Path,
              command: list[str] | None = None) -> dict[str, Any]:
     """Train once with ``trainer``, audit the canaries, and return the verdict as a dict with
-    :data:`JSON_KEYS` (plus ``run_dir``, ``checks`` and the model's ``heldout_loss``)."""
+    :data:`JSON_KEYS` (plus ``run_dir``, ``checks`` and the losses that tell whether the model learned)."""
     from dpaudit.stages import attack_run, run
 
     if not (isinstance(epsilon, (int, float)) and math.isfinite(epsilon) and epsilon > 0):
@@ -78,7 +78,7 @@ def validate(*, trainer: str, epsilon: float, delta: float, canaries: int | None
 
 def verdict_of(rundir: RunDir, *, epsilon: float, delta: float) -> dict[str, Any]:
     """The verdict on the claim (``epsilon``, ``delta``) from the saved canary scores."""
-    from dpaudit.audit import CanaryScores, decide, one_run_ceiling
+    from dpaudit.audit import CanaryScores, decide, learned, one_run_ceiling
 
     md = rundir.model(MODEL)
     results = md.read_results()
@@ -90,9 +90,9 @@ def verdict_of(rundir: RunDir, *, epsilon: float, delta: float) -> dict[str, Any
         bounds.append((name, cs.bound("one_run", delta=delta, significance=significance)))
     m = int(len(next(iter(results.values()))["arrays"]["canaries"][0]))
     ceiling = one_run_ceiling(method="one_run", num_canaries=m, delta=delta, significance=significance)
-    heldout, baseline = heldout_losses(rundir, md)
-    learned = None if heldout is None or baseline is None else heldout < baseline
-    verdict = decide(bounds=bounds, claimed_epsilon=epsilon, accountant_epsilon=None, ceiling=ceiling, learned=learned)
+    initial, final = fit_losses(rundir, md)
+    verdict = decide(bounds=bounds, claimed_epsilon=epsilon, accountant_epsilon=None, ceiling=ceiling,
+                     learned=learned(initial_loss=initial, final_loss=final))
     checks = md.read_train_checks()
     if checks is not None and not checks.get("ok", True) and verdict.status != "violated":
         failed = [k for k in ("batch_size",) if (checks.get(k) or {}).get("consistent") is False]
@@ -101,16 +101,17 @@ def verdict_of(rundir: RunDir, *, epsilon: float, delta: float) -> dict[str, Any
         verdict = dataclasses.replace(verdict, status="violated", reason=reason)
     out = {k: v for k, v in verdict.to_dict().items() if k in JSON_KEYS}
     return {"verdict": verdict.status, **out, "claimed_epsilon": epsilon, "delta": delta, "exit_code": verdict.exit_code,
-            "run_dir": str(rundir.root), "checks": checks, "heldout_loss": heldout, "baseline_loss": baseline}
+            "run_dir": str(rundir.root), "checks": checks, "initial_loss": initial, "final_loss": final}
 
 
-def heldout_losses(rundir: RunDir, md) -> tuple[float | None, float | None]:
-    """The model's held-out loss, and the loss it is compared with to tell whether it learned:
-    the trainer's step-0 evaluation when it logged one, else a uniform guess over the
-    vocabulary (what an untrained model scores)."""
-    log = [r for r in md.read_train_log() if r.get("heldout_loss") is not None]
-    if log and log[0].get("step") == 0 and len(log) > 1:
-        return float(log[-1]["heldout_loss"]), float(log[0]["heldout_loss"])
+def fit_losses(rundir: RunDir, md) -> tuple[float | None, float | None]:
+    """The loss that tells whether the model learned, before and after training: on its
+    training rows from the trainer's step-0 and last evaluations when it logged them; else
+    (a plug-in without a log) the held-out records' loss against a uniform guess over the
+    vocabulary, which is what an untrained model scores."""
+    initial, final = md.read_train_fit()
+    if initial is not None:
+        return initial, final
     from dpaudit.signals import TokenSignals
 
     path = md.signals_dir / "target.npz"  # written by the attack stage
@@ -121,5 +122,5 @@ def heldout_losses(rundir: RunDir, md) -> tuple[float | None, float | None]:
     roles = [c["role"] for c in rundir.read_candidates()]
     held = np.array([r == "heldout" for r in roles] + [False] * (len(logprob) - len(roles)))
     tokens = mask[held]
-    heldout = float(-(logprob[held][tokens]).mean()) if tokens.any() else None
-    return heldout, math.log(len(rundir.read_tokenizer()))
+    final = float(-(logprob[held][tokens]).mean()) if tokens.any() else None
+    return math.log(len(rundir.read_tokenizer())), final

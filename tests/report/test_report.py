@@ -66,11 +66,11 @@ def _dp_record(*, private, unit="example"):
 
 
 def _train_log(md, *, learned=True):
-    write_jsonl_atomic(md.train_log_path, [
-        {"step": 0, "heldout_loss": 5.0, "heldout_perplexity": math.exp(5.0)},
+    write_jsonl_atomic(md.train_log_path, [  # learned: the loss on the training rows fell by >= 1%
+        {"step": 0, "train_eval_loss": 5.0, "heldout_loss": 5.0, "heldout_perplexity": math.exp(5.0)},
         {"step": 5, "train_loss": 4.5},
-        {"step": 10, "train_loss": 4.0, "heldout_loss": 4.2 if learned else 5.1,
-         "heldout_perplexity": math.exp(4.2 if learned else 5.1)},
+        {"step": 10, "train_loss": 4.0, "train_eval_loss": 4.0 if learned else 4.98,
+         "heldout_loss": 4.2 if learned else 5.1, "heldout_perplexity": math.exp(4.2 if learned else 5.1)},
     ])
 
 
