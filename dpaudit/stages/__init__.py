@@ -132,12 +132,11 @@ def _fail(result: RunResult, md, stage: str, err: BaseException) -> None:
 def attack_run(rundir: RunDir | str | Path, *, config: Config | None = None, data=None,
                attacks: Sequence[str] | None = None) -> RunResult:
     """Fleet, attack and extract stages for every trained model of a run directory."""
+    from dpaudit.attacks import available_attacks
     from dpaudit.stages.attack import attack_model, attack_texts, reference_signals, run_delta
     from dpaudit.stages.extract import extract_model
     from dpaudit.stages.fleet import train_reference_fleet
     from dpaudit.stages.prepare import derive_seeds, load_prepared
-
-    from dpaudit.attacks import available_attacks
 
     unknown = sorted(set(attacks or ()) - set(available_attacks()))
     if unknown:
@@ -147,7 +146,7 @@ def attack_run(rundir: RunDir | str | Path, *, config: Config | None = None, dat
     config = config or rundir.read_config()
     data = data or load_prepared(rundir, config, derive_seeds(config.seed))
     fleet = train_reference_fleet(rundir, config, data)
-    texts, record_labels, canary_labels = attack_texts(rundir)
+    texts, record_labels, canary_labels = attack_texts(data)
     references, keep = reference_signals(rundir, config, fleet, texts, data.tokenizer)
     result = RunResult(rundir)
     delta = run_delta(rundir, config.model_names())

@@ -92,10 +92,10 @@ def model_id(model_dir: Path) -> str:
     return "|".join(parts) or Path(model_dir).name
 
 
-def attack_texts(rundir: RunDir) -> tuple[list[str], np.ndarray, np.ndarray]:
-    """The texts every model is scored on (records, then canaries), and the labels of both splits."""
-    candidates = rundir.read_candidates()
-    canaries = rundir.read_canaries()
+def attack_texts(data) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """The texts every model is scored on (records, then canaries), and the labels of both
+    splits, from the run's :class:`~dpaudit.stages.prepare.PreparedData`."""
+    candidates, canaries = data.candidates, data.canaries
     texts = [c["text"] for c in candidates] + [c.text for c in canaries]
     return texts, np.array([c["role"] == "member" for c in candidates]), np.array([c.included for c in canaries], bool)
 
