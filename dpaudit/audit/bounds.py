@@ -28,6 +28,7 @@ f-DP and GDP epsilons are estimates that assume a Gaussian trade-off curve.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from numbers import Integral, Real
 
 import numpy as np
@@ -276,6 +277,7 @@ def fdp_one_run_rejects(*, num_canaries, num_guesses, num_correct, mu: float, si
 
 
 def _fdp_rejects(m: int, c_all: int, c: int, mu: float, tau: float) -> bool:
+    """:func:`_fdp_rejects_with` for f = f_mu (Gaussian DP), B^-1 inlined for speed."""
     if c == 0:
         return False
     ndtri, erfc, sqrt_half = special.ndtri, math.erfc, math.sqrt(0.5)
@@ -284,6 +286,29 @@ def _fdp_rejects(m: int, c_all: int, c: int, mu: float, tau: float) -> bool:
     for i in range(c - 1, -1, -1):
         z = float(ndtri(r)) - mu  # B^-1(r) = Phi(z), with Phi(z) = erfc(-z / sqrt 2) / 2
         h_new = max(h, 0.5 * erfc(-z * sqrt_half))
+        if h_new == h:
+            break
+        r = min(r + (i / (c_all - i)) * (h_new - h), 1.0)
+        h = h_new
+    return r + h > c_all / m
+
+
+def _fdp_rejects_with(m: int, c_all: int, c: int, blow_up_inverse: Callable[[float], float], tau: float) -> bool:
+    """Mahloujifar, Melis, Chaudhuri 2025 recursion for any trade-off function f.
+
+    ``blow_up_inverse`` is B^-1(y) = f^-1(1 - y), which is f(1 - y) for a symmetric f
+    (f_mu gives Phi(Phi^-1(y) - mu); pure eps-DP gives max(0, 1 - e^eps (1 - y),
+    e^-eps y)). It is called with one float in [0, 1] at a time, at most ``c`` times,
+    and must be non-decreasing. A pointwise smaller B^-1 (a smaller f, i.e. a weaker
+    claim) never rejects where a larger one does not, so any valid lower bound on the
+    claimed curve gives a sound test. See :func:`fdp_one_run_rejects` for the recursion.
+    """
+    if c == 0:
+        return False
+    r = tau * c / m
+    h = tau * (c_all - c) / m
+    for i in range(c - 1, -1, -1):
+        h_new = max(h, blow_up_inverse(r))
         if h_new == h:
             break
         r = min(r + (i / (c_all - i)) * (h_new - h), 1.0)

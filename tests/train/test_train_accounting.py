@@ -136,7 +136,8 @@ def test_group_epsilon_of_repeated_units():
     two copies at q=0.05, sigma=1, T=200 cost about 10.7 against 4.8 for one."""
     common = dict(noise_multiplier=1.0, sample_rate=0.05, steps=200, delta=1e-5)
     single = accounting.epsilon(**common)
-    assert accounting.group_epsilon(**common, group_size=1) == pytest.approx(single, rel=1e-3)
+    one = accounting.group_epsilon(**common, group_size=1)
+    assert single <= one <= single * 1.003  # a coarser pessimistic grid: an upper bound, within 0.3%
     pair = accounting.group_epsilon(**common, group_size=2)
     assert pair == pytest.approx(10.7, abs=0.05)
     # never above the group-privacy conversion: (2 eps, (1 + e^eps) delta)-DP for a pair
