@@ -109,7 +109,7 @@ def _privacy(md: ModelDir, warn) -> tuple[str, dict[str, Any], Any]:
     """(privacy, dp dict, accountant callable delta -> epsilon or None)."""
     dp = dict.fromkeys(DP_KEYS)
     dp.update(epsilon_logged=None, target_epsilon=None, sampler=None, adjacency=None, sampling_scheme=None,
-              group_epsilon=None)
+              group_epsilon=None, last_iterate_epsilon=None)
     try:
         record = md.read_dp_event()
     except InputError as err:
@@ -384,6 +384,30 @@ def _extraction(md: ModelDir, include_texts: bool, warn) -> tuple[dict | None, l
     return summary, rows, patient_rows
 
 
+def _last_iterate(rundir: RunDir, name: str, dp: dict, warn) -> float | None:
+    """The last-iterate heuristic epsilon (:func:`dpaudit.accounting.last_iterate_epsilon`)
+    at the run's delta, with the learning-rate schedule of the config when the toolkit's own
+    loop trained the model (a plug-in's schedule is unknown: constant is assumed)."""
+    from dpaudit.accounting import last_iterate_epsilon
+
+    factors = None
+    try:
+        train = rundir.read_config().for_model(name).train
+        if train.trainer.startswith("dpaudit.train"):
+            from dpaudit.train.loop import lr_factor
+
+            factors = [lr_factor(t, schedule=train.schedule, warmup_steps=train.warmup_steps,
+                                 total_steps=dp["steps"]) for t in range(dp["steps"])]
+    except (InputError, OSError, AttributeError, KeyError):
+        factors = None
+    try:
+        return last_iterate_epsilon(noise_multiplier=dp["noise_multiplier"], sample_rate=dp["sample_rate"],
+                                    steps=dp["steps"], delta=dp["delta"], lr_factors=factors)
+    except InputError as err:
+        warn(f"last-iterate heuristic not computed: {err}")
+        return None
+
+
 def _patient_epsilons(groups: list[dict], dp: dict, warn) -> None:
     """Set each patient-secret group's ``epsilon``: the accountant's guarantee, at the run's
     delta, for a patient with that many notes. Patient-level DP protects the patient at the
@@ -467,6 +491,8 @@ def _model(rundir: RunDir, name: str, *, include_texts: bool, num_canaries: int 
         claimed = math.inf
     else:
         claimed = None
+    if privacy == "dp" and None not in (dp["noise_multiplier"], dp["sample_rate"], dp["steps"], dp["delta"]):
+        dp["last_iterate_epsilon"] = _last_iterate(rundir, name, dp, warn)
     if privacy == "dp" and extraction and extraction.get("patient_secrets"):
         _patient_epsilons(extraction["patient_secrets"]["groups"], dp, warn)
     if patient_rows:

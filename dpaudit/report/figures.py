@@ -127,6 +127,11 @@ def compliance(report: Mapping[str, Any]) -> Figure | None:
                 label="ceiling: best bound these canaries could give" if i == 0 else None)
         ax.annotate(f"ceiling {c:.2f}", (x0, max(c, floor)), textcoords="offset points", xytext=(0, 3),
                     fontsize=7, color="tab:purple")
+    heuristic = [(x, m["dp"]["last_iterate_epsilon"]) for m, x in pts if m["dp"].get("last_iterate_epsilon")]
+    for i, (x, h) in enumerate(heuristic):
+        ax.plot([x / 1.25, x * 1.25], [h, h], color="tab:orange", lw=2.2, zorder=3,
+                label="last-iterate heuristic (Steinke et al. 2025): what a final-model audit can hope to see"
+                if i == 0 else None)
     for m, x in pts:
         b = m["audit"]["epsilon_lower_bound"]
         y = max(b, floor)

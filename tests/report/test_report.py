@@ -193,6 +193,8 @@ def test_dp_model_recomputes_epsilon_and_gets_a_verdict(built):
     assert m["extraction"]["included_rate"] == pytest.approx(3 / (M // 2))
     assert m["extraction"]["patient_secrets"]["field"] == "mrn"
     assert _model(report, "dp4-patient")["dp"]["unit"] == "user"
+    assert 0 < m["dp"]["last_iterate_epsilon"] < m["dp"]["epsilon"]  # the final model shows less
+    assert _model(report, "nonprivate")["dp"]["last_iterate_epsilon"] is None
 
 
 def test_each_patient_gets_the_guarantee_of_their_number_of_notes(built):
