@@ -1,0 +1,125 @@
+"""How close do the one-run black-box bounds come to the accountant's epsilon on DP models?
+
+    python benchmarks/bench_audit_power.py [--run DIR] [--out DIR] [--trials 20] [--json]
+
+Trains the demo preset's DP-SGD models at epsilon 1, 4 and 16 (note level, one run, the
+demo's canaries; with ``--run DIR``, reads a finished ``dpaudit run`` instead) and prints,
+per model:
+
+* the best sound bound and its ratio to epsilon, per method and per attack;
+* the idealized ceiling: the median one-run bound that m canaries give when each is an
+  exact Gaussian mechanism at the model's epsilon (delta) and the attack sees the exact
+  score, simulated over ``--trials`` draws with the same significance and guess grid;
+* the last-iterate heuristic epsilon (Steinke et al. 2025, arXiv 2410.06186), what any
+  audit of the final model alone can hope to show.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+MODELS = ("dp-eps1", "dp-eps4", "dp-eps16")
+
+
+def gaussian_mu(epsilon: float, delta: float) -> float:
+    """The mu of the Gaussian mechanism that is exactly (epsilon, delta)-DP (Dong, Roth, Su 2019)."""
+    from scipy.optimize import brentq
+
+    from dpaudit.audit import gdp_delta
+
+    return brentq(lambda mu: gdp_delta(mu=mu, epsilon=epsilon) - delta, 1e-6, 100.0)
+
+
+def idealized_ceiling(*, epsilon: float, delta: float, m: int, significance: float, trials: int, seed: int = 0):
+    """Median and spread of the one-run bound of m exact Gaussian mechanisms at epsilon."""
+    from dpaudit.audit import CanaryScores
+
+    mu = gaussian_mu(epsilon, delta)
+    rng = np.random.default_rng(seed)
+    values = []
+    for _ in range(trials):
+        member = rng.random(m) < 0.5
+        scores = rng.normal(mu * member, 1.0)
+        cs = CanaryScores(in_scores=scores[member], out_scores=scores[~member], seed=0)
+        values.append(cs.bound("one_run", delta=delta, significance=significance).epsilon)
+    return float(np.median(values)), float(np.min(values)), float(np.max(values))
+
+
+def measure(report: dict, *, trials: int) -> list[dict]:
+    rows = []
+    for m in report["models"]:
+        if m["privacy"] != "dp" or m["error"]:
+            continue
+        eps, delta = m["dp"]["epsilon"], m["dp"]["delta"]
+        bounds = {}
+        for attack, a in m["canary_attacks"].items():
+            for method, b in a["bounds"].items():
+                bounds[f"{attack}/{method}"] = {"epsilon": b["epsilon"], "sound": b["sound"],
+                                                "ratio": b["epsilon"] / eps}
+        audit = m["audit"]
+        sig = (audit["significance"] or 0.05) / max(1, len(m["canary_attacks"]))
+        ideal = idealized_ceiling(epsilon=eps, delta=delta, m=audit["num_canaries"] or report["canaries"]["count"],
+                                  significance=sig, trials=trials)
+        rows.append({
+            "model": m["name"], "epsilon": eps, "delta": delta, "sigma": m["dp"]["noise_multiplier"],
+            "sample_rate": m["dp"]["sample_rate"], "steps": m["dp"]["steps"],
+            "best_sound_bound": audit["epsilon_lower_bound"], "method": audit["method"], "attack": audit["attack"],
+            "ratio": None if audit["epsilon_lower_bound"] is None else audit["epsilon_lower_bound"] / eps,
+            "canary_auc": {k: a["auc"] for k, a in m["canary_attacks"].items()},
+            "ceiling": audit["ceiling"], "idealized_ceiling": ideal[0], "idealized_range": ideal[1:],
+            "last_iterate_epsilon": m["dp"]["last_iterate_epsilon"], "heldout_perplexity":
+                m["utility"]["heldout_perplexity"], "bounds": bounds,
+        })
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--run", type=Path, help="a finished run directory to read instead of training")
+    parser.add_argument("--out", type=Path, help="where to train (default: a temporary directory)")
+    parser.add_argument("--trials", type=int, default=20)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+
+    import dpaudit
+    from dpaudit.config import load_config
+
+    if args.run is None:
+        out = args.out or Path(tempfile.mkdtemp(prefix="dpaudit-power-")) / "run"
+        models = "models=[" + ", ".join(
+            f'{{name: {n}, train: {{trainer: "dpaudit.train:dpsgd", dp: {{target_epsilon: {n.rsplit("eps", 1)[1]}}}}}}}'
+            for n in MODELS) + "]"
+        result = dpaudit.run(load_config("demo", overrides=[models, "fleet.num_models=0"]), out=out)
+        run = result.rundir.root
+    else:
+        run = args.run
+    report = json.loads((Path(run) / "report.json").read_text())
+    rows = measure(report, trials=args.trials)
+    if args.json:
+        print(json.dumps({"run": str(run), "models": rows}, indent=2, default=float))
+        return
+    print(f"run: {run}")
+    head = f"{'model':<16}{'eps':>7}{'sigma':>7}{'q':>7}{'T':>5}{'best sound':>12}{'ratio':>7}" \
+           f"{'ceiling':>9}{'ideal':>7}{'last-it.':>9}{'ppl':>7}  best by"
+    print(head)
+    for r in rows:
+        b = r["best_sound_bound"]
+        print(f"{r['model']:<16}{r['epsilon']:>7.2f}{r['sigma']:>7.2f}{r['sample_rate']:>7.3f}{r['steps']:>5}"
+              f"{(b if b is not None else math.nan):>12.3f}{(r['ratio'] or 0):>7.2f}{r['ceiling'] or math.nan:>9.2f}"
+              f"{r['idealized_ceiling']:>7.2f}{r['last_iterate_epsilon'] or math.nan:>9.2f}"
+              f"{r['heldout_perplexity'] or math.nan:>7.2f}  {r['attack']}/{r['method']}")
+    print("\nper attack and method (epsilon, ratio to the accountant's; * = sound):")
+    for r in rows:
+        cells = ", ".join(f"{k}{'*' if v['sound'] else ''} {v['epsilon']:.2f} ({v['ratio']:.2f})"
+                          for k, v in sorted(r["bounds"].items()))
+        print(f"  {r['model']}: {cells}")
+
+
+if __name__ == "__main__":
+    main()
