@@ -64,6 +64,7 @@ __all__ = [
     "event_from_dict",
     "event_to_dict",
     "check_delta",
+    "dpsgd_parameters",
     "group_epsilon",
     "last_iterate_epsilon",
     "make_event",
@@ -388,6 +389,21 @@ def epsilon_from_record(record: dict[str, Any] | str | Path, *, method: str | No
     if delta is None:
         raise InputError("the DP event record has no delta; pass one")
     return epsilon_from_event(event, delta=delta, method=method or record.get("accountant") or "pld")
+
+
+def dpsgd_parameters(record: dict[str, Any] | None) -> dict[str, Any] | None:
+    """``{noise_multiplier, sample_rate, steps}`` when a ``dp_event.json`` record is exactly
+    Poisson-sampled DP-SGD (its event is :func:`make_event` of those three), else None: the
+    family whose trade-off curve the claimed-curve test checks."""
+    if not isinstance(record, dict):
+        return None
+    try:
+        params = {"noise_multiplier": float(record["noise_multiplier"]), "sample_rate": float(record["sample_rate"]),
+                  "steps": int(record["steps"])}
+        same = event_to_dict(make_event(**params)) == record.get("event")
+    except (KeyError, TypeError, ValueError, InputError):
+        return None
+    return params if same else None
 
 
 def group_epsilon(*, noise_multiplier: float, sample_rate: float, steps: int, delta: float, group_size: int) -> float:

@@ -39,7 +39,20 @@ from dpaudit.audit.bounds import (
     one_run_p_value,
 )
 from dpaudit.audit.canary_scores import AuditReport, BoundResult, CanaryScores
-from dpaudit.audit.ceilings import CeilingRow, ceiling_table, format_ceiling_table, one_run_ceiling
+from dpaudit.audit.ceilings import (
+    CeilingRow,
+    ceiling_table,
+    claimed_curve_ceiling,
+    format_ceiling_table,
+    one_run_ceiling,
+)
+from dpaudit.audit.claimed_curve import (
+    TradeOffCurve,
+    claimed_curve_bound,
+    claimed_curve_rejects,
+    claimed_tradeoff_curve,
+    tradeoff_curve_from_profile,
+)
 from dpaudit.audit.metrics import (
     ConfidenceInterval,
     RocCurve,
@@ -75,6 +88,12 @@ __all__ = [
     "gdp_delta",
     "gdp_epsilon",
     "gdp_mu_lower_bound",
+    # the claimed trade-off curve (Mahloujifar et al. 2025 against a DpEvent's PLD curve)
+    "claimed_curve_bound",
+    "claimed_curve_rejects",
+    "claimed_tradeoff_curve",
+    "tradeoff_curve_from_profile",
+    "TradeOffCurve",
     # metrics
     "roc_curve",
     "auc",
@@ -102,6 +121,7 @@ __all__ = [
     "format_ceiling_table",
     "CeilingRow",
     "one_run_ceiling",
+    "claimed_curve_ceiling",
     # registry
     "register_bound",
     "get_bound",

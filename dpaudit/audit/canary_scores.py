@@ -82,6 +82,13 @@ class _Methods(Mapping):
 METHODS: Mapping[str, tuple[str, str]] = _Methods()
 
 
+#: Sound tests that are not functions of counts alone (so not in the registry): method -> (paper, arXiv id).
+UNREGISTERED_METHODS: dict[str, tuple[str, str]] = {
+    # the epsilon of the smallest-noise member of the claimed DP-SGD family (same q, T) that is rejected
+    "claimed_curve": ("Mahloujifar et al. 2024, claimed DP-SGD family", "2410.22235"),
+}
+
+
 def _spec_or_none(method: str) -> BoundSpec | None:
     return get_bound(method) if method in available_bounds() else None
 
@@ -128,12 +135,12 @@ class BoundResult:
     @property
     def paper(self) -> str:
         spec = _spec_or_none(self.method)
-        return spec.paper if spec is not None else ""
+        return spec.paper if spec is not None else UNREGISTERED_METHODS.get(self.method, ("", None))[0]
 
     @property
     def arxiv(self) -> str | None:
         spec = _spec_or_none(self.method)
-        return spec.arxiv if spec is not None else None
+        return spec.arxiv if spec is not None else UNREGISTERED_METHODS.get(self.method, ("", None))[1]
 
     def summary(self) -> str:
         if self.sound:

@@ -31,7 +31,7 @@ from dpaudit.audit.strategy import (
 )
 from dpaudit.errors import InputError
 
-__all__ = ["CeilingRow", "ceiling_table", "format_ceiling_table", "one_run_ceiling"]
+__all__ = ["CeilingRow", "ceiling_table", "claimed_curve_ceiling", "format_ceiling_table", "one_run_ceiling"]
 
 
 @dataclass(frozen=True)
@@ -180,3 +180,28 @@ def format_ceiling_table(rows: Sequence[CeilingRow]) -> str:
             f"| {r.clopper_pearson:.2f} [{r.clopper_pearson_default:.2f}] | {r.gdp:.2f} [{r.gdp_default:.2f}] |"
         )
     return "\n".join(lines)
+
+
+def claimed_curve_ceiling(
+    *,
+    num_canaries: int,
+    noise_multiplier: float,
+    sample_rate: float,
+    steps: int,
+    delta: float,
+    significance: float,
+    strategy: Strategy | None = None,
+) -> float:
+    """The largest epsilon-equivalent the claimed-curve test
+    (:func:`dpaudit.audit.claimed_curve_bound`) can report for m canaries: its result on
+    perfectly separated, balanced scores (every guess right), with the same strategy."""
+    from dpaudit.audit.canary_scores import CanaryScores
+    from dpaudit.audit.claimed_curve import claimed_curve_bound
+
+    m = _b._check_count("num_canaries", num_canaries)
+    if m < 2:
+        raise InputError("num_canaries must be at least 2")
+    n_in = (m + 1) // 2
+    perfect = CanaryScores(in_scores=np.ones(n_in), out_scores=np.zeros(m - n_in), seed=0)
+    return claimed_curve_bound(perfect, noise_multiplier=noise_multiplier, sample_rate=sample_rate, steps=steps,
+                               delta=delta, significance=significance, strategy=strategy).epsilon

@@ -306,25 +306,32 @@ def _attacks(md: ModelDir, warn) -> tuple[dict, dict, list, dict]:
     return attacks, canary_attacks, bounds, roc
 
 
-def _audit(bounds, *, num_canaries: int | None, delta: float | None, warn) -> dict[str, Any]:
-    from dpaudit.audit import one_run_ceiling
+def _audit(bounds, *, num_canaries: int | None, delta: float | None, dp: dict, warn) -> dict[str, Any]:
+    """The audit's summary; its ``ceiling`` is the largest of the sound methods' ceilings
+    (``ceilings``): what the audit could have shown with every guess right."""
+    from dpaudit.audit import claimed_curve_ceiling, one_run_ceiling
 
-    sound_one_run = [b for _, b in bounds if b.sound and b.method == "one_run"]
-    ceiling = None
-    ref = sound_one_run[0] if sound_one_run else None
-    if ref is not None:
-        m = num_canaries or ref.num_canaries
-        d = delta if delta is not None else ref.delta
+    ceilings = {}
+    for method in ("one_run", "claimed_curve"):
+        ref = next((b for _, b in bounds if b.sound and b.method == method), None)
+        if ref is None:
+            continue
+        common = dict(num_canaries=int(num_canaries or ref.num_canaries), significance=float(ref.significance),
+                      delta=float(delta if delta is not None else ref.delta), strategy=_strategy(ref.strategy))
         try:
-            ceiling = float(one_run_ceiling(method="one_run", num_canaries=int(m), delta=float(d),
-                                            significance=float(ref.significance), strategy=_strategy(ref.strategy)))
+            if method == "one_run":
+                ceilings[method] = float(one_run_ceiling(method="one_run", **common))
+            else:
+                ceilings[method] = float(claimed_curve_ceiling(
+                    **common, **{k: dp[k] for k in ("noise_multiplier", "sample_rate", "steps")}))
         except (InputError, TypeError, ValueError) as err:
-            warn(f"one-run ceiling not computed: {err}")
+            warn(f"{method} ceiling not computed: {err}")
+    ceiling = max(ceilings.values(), default=None)
     estimates = {f"{a}/{b.method}": b.epsilon for a, b in bounds if not b.sound}
     return {
         "epsilon_lower_bound": None, "method": None, "attack": None, "delta": None, "significance": None,
         "confidence": None, "num_canaries": None, "num_guesses": None, "num_correct": None,
-        "ceiling": ceiling, "estimates": estimates,
+        "ceiling": ceiling, "ceilings": ceilings, "estimates": estimates,
         "num_sound_bounds": sum(1 for _, b in bounds if b.sound),
     }
 
@@ -469,7 +476,7 @@ def _model(rundir: RunDir, name: str, *, include_texts: bool, num_canaries: int 
     utility["learned"] = learned(initial_loss=utility["initial_train_loss"], final_loss=utility["train_eval_loss"])
     checks = _train_checks(md, warn)
     attacks, canary_attacks, bounds, roc = _attacks(md, warn)
-    audit = _audit(bounds, num_canaries=num_canaries, delta=dp["delta"], warn=warn)
+    audit = _audit(bounds, num_canaries=num_canaries, delta=dp["delta"], dp=dp, warn=warn)
     extraction, ext_rows, patient_rows = _extraction(md, include_texts, warn)
 
     if privacy == "dp" and repetitions > 1 and dp["unit"] == "example" and None not in (

@@ -49,16 +49,18 @@ def run_attacks(
 
 def split_metrics(
     scores: np.ndarray, labels: np.ndarray, *, bounds_delta: float | None, seed: int, significance: float = SIGNIFICANCE,
-    inclusion_prob: float = 0.5,
+    inclusion_prob: float = 0.5, claimed: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """AUC (with a bootstrap interval), TPR at FPR, balanced accuracy; with ``bounds_delta``
-    also the epsilon lower bounds of a canary audit at ``significance``.
+    also the epsilon lower bounds of a canary audit at ``significance``, each.
 
     The one-run bounds (Steinke et al. 2023, arXiv 2305.08846; Mahloujifar et al. 2024,
     arXiv 2410.22235) assume each canary went in with probability 1/2; at any other
     ``inclusion_prob`` they are not computed (a guess "in" is right more often than the
-    analysis allows, so null scores would give a positive bound) and the split says why."""
-    from dpaudit.audit import CanaryScores
+    analysis allows, so null scores would give a positive bound) and the split says why.
+    ``claimed`` (the DP-SGD parameters of :func:`dpaudit.accounting.dpsgd_parameters`) adds
+    the test of the guesses against the claimed trade-off curve (``claimed_curve``)."""
+    from dpaudit.audit import CanaryScores, claimed_curve_bound
 
     labels = np.asarray(labels, dtype=bool)
     cs = CanaryScores(in_scores=scores[labels], out_scores=scores[~labels], seed=seed)
@@ -76,6 +78,9 @@ def split_metrics(
         out["epsilon_lower_bounds"] = {
             name: cs.bound(name, delta=bounds_delta, significance=significance).to_dict() for name in methods
         }
+        if claimed is not None and inclusion_prob == 0.5:
+            out["epsilon_lower_bounds"]["claimed_curve"] = claimed_curve_bound(
+                cs, **claimed, delta=bounds_delta, significance=significance).to_dict()
         if inclusion_prob != 0.5:
             out["one_run_refused"] = (f"canaries went in with probability {inclusion_prob:g}; the one-run bounds "
                                       f"hold only at 1/2 (canaries.inclusion_prob)")
@@ -114,6 +119,18 @@ def reference_signals(rundir: RunDir, config, fleet, texts: list[str], tokenizer
     return refs, keep
 
 
+def claimed_family(record: dict[str, Any], config) -> dict[str, Any] | None:
+    """The DP-SGD parameters whose trade-off curve the canaries are tested against, or None:
+    the record must be plain Poisson-sampled DP-SGD, each canary one protected unit (not r
+    copies at note level, which the per-unit curve does not cover) and in with probability 1/2."""
+    from dpaudit.accounting import dpsgd_parameters
+
+    group = config.canaries.repetitions > 1 and record.get("unit") == "example"
+    if group or config.canaries.inclusion_prob != 0.5:
+        return None
+    return dpsgd_parameters(record)
+
+
 def run_delta(rundir: RunDir, names: Sequence[str]) -> float:
     """The delta of canary bounds for a model without one of its own (non-private): the
     smallest delta of the run's DP models, so every point of the report stands at one delta."""
@@ -139,7 +156,9 @@ def attack_model(rundir: RunDir, config, md: ModelDir, *, texts: list[str], reco
 
     dp_event = md.read_dp_event() or {}
     delta = float(dp_event.get("delta") or default_delta)
-    significance = SIGNIFICANCE / len(scores)  # the max over attacks holds at SIGNIFICANCE
+    claimed = claimed_family(dp_event, config)
+    # the largest sound bound over the attacks (and both sound tests) holds at SIGNIFICANCE
+    significance = SIGNIFICANCE / (len(scores) * (2 if claimed else 1))
     n = len(record_labels)
     summary = {}
     for name, s in scores.items():
@@ -147,7 +166,7 @@ def attack_model(rundir: RunDir, config, md: ModelDir, *, texts: list[str], reco
         splits = {"members": (s[:n], record_labels, records)}
         if canary_labels.any() and not canary_labels.all():
             canary = split_metrics(s[n:], canary_labels, bounds_delta=delta, seed=config.seed, significance=significance,
-                                   inclusion_prob=config.canaries.inclusion_prob)
+                                   inclusion_prob=config.canaries.inclusion_prob, claimed=claimed)
             splits["canaries"] = (s[n:], canary_labels, canary)
         md.write_results(name, params=get_attack(name, **params.get(name, {})).get_params(), splits=splits)
         summary[name] = records

@@ -3,7 +3,9 @@
 One run with m canaries, each in with probability 1/2 (new-token canaries by default): the
 trainer is called once through the plug-in contract, every attack the inputs allow scores
 the canaries, the sound one-run bounds (Steinke et al. 2023, arXiv 2305.08846) are computed
-at delta, corrected over the attacks, and compared with the claim by
+at delta and, when the trainer records a plain DP-SGD event (q, T), so is the test against
+that family's trade-off curve (Mahloujifar et al. 2024, arXiv 2410.22235: the epsilon of the
+least noisy member it rejects), all corrected over the attacks, and compared with the claim by
 :func:`dpaudit.audit.decide`. The trainer's own sampler checks (``train_checks.json``), when
 it writes them, are part of the verdict.
 
@@ -78,18 +80,27 @@ def validate(*, trainer: str, epsilon: float, delta: float, canaries: int | None
 
 def verdict_of(rundir: RunDir, *, epsilon: float, delta: float) -> dict[str, Any]:
     """The verdict on the claim (``epsilon``, ``delta``) from the saved canary scores."""
-    from dpaudit.audit import CanaryScores, decide, learned, one_run_ceiling
+    from dpaudit.audit import (CanaryScores, claimed_curve_bound, claimed_curve_ceiling, decide, learned,
+                               one_run_ceiling)
+    from dpaudit.stages.attack import claimed_family
 
     md = rundir.model(MODEL)
     results = md.read_results()
-    significance = SIGNIFICANCE / len(results)  # the best over attacks holds at SIGNIFICANCE
+    # the trainer's DP-SGD family (q, T), when its record is plain DP-SGD: the guesses are also
+    # tested against the family's curve at the claimed epsilon
+    family = claimed_family(md.read_dp_event() or {}, rundir.read_config())
+    significance = SIGNIFICANCE / (len(results) * (2 if family else 1))  # the best test holds at SIGNIFICANCE
     bounds = []
     for name, r in results.items():
         scores, labels = r["arrays"]["canaries"]
         cs = CanaryScores(in_scores=scores[labels], out_scores=scores[~labels], seed=0)
         bounds.append((name, cs.bound("one_run", delta=delta, significance=significance)))
+        if family:
+            bounds.append((name, claimed_curve_bound(cs, **family, delta=delta, significance=significance)))
     m = int(len(next(iter(results.values()))["arrays"]["canaries"][0]))
     ceiling = one_run_ceiling(method="one_run", num_canaries=m, delta=delta, significance=significance)
+    if family:
+        ceiling = max(ceiling, claimed_curve_ceiling(num_canaries=m, **family, delta=delta, significance=significance))
     initial, final = fit_losses(rundir, md)
     verdict = decide(bounds=bounds, claimed_epsilon=epsilon, accountant_epsilon=None, ceiling=ceiling,
                      learned=learned(initial_loss=initial, final_loss=final))
