@@ -15,7 +15,8 @@ Four outcomes, decided in this order (exit statuses of the command line in brack
 1. ``"no_claim"`` (0) -- there is no DP claim to test (a non-private run, or one whose
    privacy is unknown): nothing can be violated.
 2. ``"violated"`` (1) -- some *sound* bound (one that holds for any (epsilon, delta)-DP
-   mechanism: Steinke et al. 2023, Jagielski et al. 2020) exceeds the claimed epsilon at
+   mechanism: Steinke et al. 2023, Jagielski et al. 2020; or the claimed-curve test, sound
+   for the claimed DP-SGD family: Mahloujifar et al. 2024) exceeds the claimed epsilon at
    that bound's delta (the accountant's epsilon at that delta when a curve is given). This
    wins over everything below: a violation seen is a violation, however weak the audit.
 3. ``"inconclusive"`` (3) -- the audit could not have seen a violation: the model learned

@@ -120,7 +120,7 @@ def compliance(report: Mapping[str, Any]) -> Figure | None:
     for m, x in pts:
         c = m["audit"]["ceiling"]
         if c is not None:
-            groups.setdefault((m["privacy"] == "non_private", round(c, 9)), []).append(x)
+            groups.setdefault((m["privacy"] == "non_private", round(c, 2)), []).append(x)
     for i, ((nodp, c), xs_c) in enumerate(sorted(groups.items())):
         x0, x1 = min(xs_c) / 1.4, max(xs_c) * 1.4
         ax.plot([x0, x1], [max(c, floor)] * 2, color="tab:purple", ls="--", lw=1.5,
@@ -141,7 +141,8 @@ def compliance(report: Mapping[str, Any]) -> Figure | None:
         ax.annotate("", xy=(x, y * 2.2), xytext=(x, y), zorder=3,
                     arrowprops={"arrowstyle": "-|>", "color": color, "lw": 1.4})
         conf = m["audit"]["confidence"]
-        ax.annotate(f"{_label(m['name'])}\n≥ {b:.2f}" + (f" ({conf:.0%})" if conf is not None else ""),
+        family = " DP-SGD family" if m["audit"]["method"] == "claimed_curve" else ""
+        ax.annotate(f"{_label(m['name'])}\n≥ {b:.2f}{family}" + (f" ({conf:.0%})" if conf is not None else ""),
                     (x, y), textcoords="offset points", fontsize=7.5,
                     xytext=(8, 10) if m["dp"].get("unit") == "user" else (8, -16))
     ax.set_yscale("log")
