@@ -243,11 +243,10 @@ def decide(
         )
         return verdict("inconclusive", reason, best, claim_ref)
     if ceiling is not None and ceiling <= claim_ref:
-        method = f"the {best[1].method} method's" if best is not None else "the method's"
         m = f" with these {best[1].num_canaries} canaries" if best is not None else ""
         reason = (
-            f"Even a perfect attack could not show a violation: {method} best possible bound{m} is "
-            f"{ceiling:.3f} <= the claimed epsilon {claim_ref:.3f}; add canaries."
+            f"Even a perfect attack could not show a violation: the best possible bound of this audit{m} "
+            f"(its ceiling) is {ceiling:.3f} <= the claimed epsilon {claim_ref:.3f}; add canaries."
         )
         return verdict("inconclusive", reason, best, claim_ref)
     if best is None:

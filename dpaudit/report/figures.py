@@ -120,13 +120,13 @@ def compliance(report: Mapping[str, Any]) -> Figure | None:
     for m, x in pts:
         c = m["audit"]["ceiling"]
         if c is not None:
-            groups.setdefault((m["privacy"] == "non_private", round(c, 2)), []).append(x)
+            groups.setdefault((m["privacy"] == "non_private", round(c, 1)), []).append(x)
     for i, ((nodp, c), xs_c) in enumerate(sorted(groups.items())):
         x0, x1 = min(xs_c) / 1.4, max(xs_c) * 1.4
         ax.plot([x0, x1], [max(c, floor)] * 2, color="tab:purple", ls="--", lw=1.5,
                 label="ceiling: best bound these canaries could give" if i == 0 else None)
-        ax.annotate(f"ceiling {c:.2f}", (x0, max(c, floor)), textcoords="offset points", xytext=(0, 3),
-                    fontsize=7, color="tab:purple")
+        ax.annotate(f"ceiling {c:.1f}", (x0, max(c, floor)), textcoords="offset points",
+                    xytext=(0, 3) if i % 2 == 0 else (0, -10), fontsize=7, color="tab:purple")
     heuristic = [(x, m["dp"]["last_iterate_epsilon"]) for m, x in pts if m["dp"].get("last_iterate_epsilon")]
     for i, (x, h) in enumerate(heuristic):
         ax.plot([x / 1.25, x * 1.25], [h, h], color="tab:orange", lw=2.2, zorder=3,

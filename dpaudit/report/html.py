@@ -62,8 +62,12 @@ def _summary(r, images):
         status = "failed" if m["error"] else m["verdict"]["status"]
         counts[status] = counts.get(status, 0) + 1
     privacy = {k: sum(1 for m in r["models"] if m["privacy"] == k) for k in ("dp", "non_private", "unknown")}
-    ceilings = sorted({(m["verdict"]["delta"], round(m["audit"]["ceiling"], 6)) for m in r["models"]
-                       if m["audit"]["ceiling"] is not None and m["verdict"]["delta"] is not None})
+    # (delta, lowest, highest ceiling) per delta: the ceilings of the models differ a little
+    by_delta: dict[float, list[float]] = {}
+    for m in r["models"]:
+        if m["audit"]["ceiling"] is not None and m["verdict"]["delta"] is not None:
+            by_delta.setdefault(m["verdict"]["delta"], []).append(m["audit"]["ceiling"])
+    ceilings = [(d, min(v), max(v)) for d, v in sorted(by_delta.items())]
     return {"counts": counts, "privacy": privacy, "ceilings": ceilings, "eps_text": _eps_text}
 
 
