@@ -238,7 +238,7 @@ def decide(
     # 3. Inconclusive: the audit could not have seen a violation.
     if learned is False:
         reason = (
-            "The model learned nothing (its held-out loss is no better than at initialisation), so an audit "
+            "The model learned nothing (its loss is no better than at initialisation), so an audit "
             "of it cannot see a violation of the claim; train a model that learns, then audit it."
         )
         return verdict("inconclusive", reason, best, claim_ref)

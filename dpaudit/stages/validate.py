@@ -105,6 +105,10 @@ def verdict_of(rundir: RunDir, *, epsilon: float, delta: float) -> dict[str, Any
     verdict = decide(bounds=bounds, claimed_epsilon=epsilon, accountant_epsilon=None, ceiling=ceiling,
                      learned=learned(initial_loss=initial, final_loss=final))
     checks = md.read_train_checks()
+    mismatch = accounting_mismatch(md.read_dp_event(), checks)
+    if mismatch and verdict.status != "violated":
+        verdict = dataclasses.replace(verdict, status="violated", reason=(
+            f"the trainer's accounting is not of the training it ran: {mismatch}"))
     if checks is not None and not checks.get("ok", True) and verdict.status != "violated":
         failed = [k for k in ("batch_size",) if (checks.get(k) or {}).get("consistent") is False]
         reason = ("the trainer's own checks failed (" + (", ".join(failed) or "see train_checks.json") +
@@ -113,6 +117,24 @@ def verdict_of(rundir: RunDir, *, epsilon: float, delta: float) -> dict[str, Any
     out = {k: v for k, v in verdict.to_dict().items() if k in JSON_KEYS}
     return {"verdict": verdict.status, **out, "claimed_epsilon": epsilon, "delta": delta, "exit_code": verdict.exit_code,
             "run_dir": str(rundir.root), "checks": checks, "initial_loss": initial, "final_loss": final}
+
+
+def accounting_mismatch(record: dict[str, Any] | None, checks: dict[str, Any] | None) -> str | None:
+    """How the DP event a trainer recorded differs from the sampling its own checks saw (the
+    number of steps, or the expected batch q N), or None when they agree or either is missing.
+    Accounting each gradient-accumulation micro-step as a step (rate q / k over k T steps) is
+    caught here: the sampler ran T steps of expected size q N."""
+    batch = (checks or {}).get("batch_size") or {}
+    try:
+        steps, q, n = int(record["steps"]), float(record["sample_rate"]), int(record["num_units"])
+        ran_steps, ran_mean = int(batch["steps"]), float(batch["expected_mean"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    if steps != ran_steps:
+        return f"it accounts {steps} steps, and its sampler ran {ran_steps}"
+    if abs(q * n - ran_mean) > 1e-6 * max(1.0, ran_mean):
+        return f"it accounts a sampling rate {q:.6g} (expected batch {q * n:.4g}), its sampler's expected batch was {ran_mean:.4g}"
+    return None
 
 
 def fit_losses(rundir: RunDir, md) -> tuple[float | None, float | None]:

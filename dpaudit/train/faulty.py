@@ -9,6 +9,8 @@ record is that of the wrong event (rate q / k, k * T steps).
 ===========================  ==============================================================
 ``no_noise``                 no Gaussian noise at all
 ``unscaled_noise``           noise N(0, sigma^2 I): not multiplied by the clipping norm C
+                             (1/C times the right noise: a no-op at C = 1, over-noised
+                             for C < 1; a leak only for C > 1)
 ``batch_clipping``           the summed batch gradient is clipped to C, not each unit's
 ``shuffle_as_poisson``       shuffled fixed-size batches, accounted as Poisson sampling
 ``realised_batch_size``      the noisy sum is divided by the realised batch size
