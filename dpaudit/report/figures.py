@@ -114,18 +114,20 @@ def compliance(report: Mapping[str, Any]) -> Figure | None:
     xs = np.geomspace(axis.lo, axis.hi_finite * 2, 200)
     ax.fill_between(xs, xs, top, color="#fbe3e3", zorder=0, label="claim violated (bound > accountant ε)")
     ax.plot(xs, xs, color="#b00020", lw=1.2, label="y = x (bound = claim)")
-    # the ceiling: one line per distinct value (it depends on m, delta and significance only),
-    # across the DP models that share it; the non-private model's separately
-    groups: dict[tuple[bool, float], list[float]] = {}
+    # the ceiling: one line per value to one decimal (it depends on m, delta, the significance
+    # and, for the DP-SGD family test, q and T), across the DP models that share it, drawn at the
+    # highest of them; the non-private model's separately
+    groups: dict[tuple[bool, float], list[tuple[float, float]]] = {}
     for m, x in pts:
         c = m["audit"]["ceiling"]
         if c is not None:
-            groups.setdefault((m["privacy"] == "non_private", round(c, 1)), []).append(x)
-    for i, ((nodp, c), xs_c) in enumerate(sorted(groups.items())):
+            groups.setdefault((m["privacy"] == "non_private", round(c, 1)), []).append((x, c))
+    for i, (_, members) in enumerate(sorted(groups.items())):
+        xs_c, c = [x for x, _ in members], max(v for _, v in members)
         x0, x1 = min(xs_c) / 1.4, max(xs_c) * 1.4
         ax.plot([x0, x1], [max(c, floor)] * 2, color="tab:purple", ls="--", lw=1.5,
                 label="ceiling: best bound these canaries could give" if i == 0 else None)
-        ax.annotate(f"ceiling {c:.1f}", (x0, max(c, floor)), textcoords="offset points",
+        ax.annotate(f"ceiling {c:.2f}", (x0, max(c, floor)), textcoords="offset points",
                     xytext=(0, 3) if i % 2 == 0 else (0, -10), fontsize=7, color="tab:purple")
     heuristic = [(x, m["dp"]["last_iterate_epsilon"]) for m, x in pts if m["dp"].get("last_iterate_epsilon")]
     for i, (x, h) in enumerate(heuristic):
