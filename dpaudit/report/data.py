@@ -423,7 +423,7 @@ def _patient_epsilons(groups: list[dict], dp: dict, warn) -> None:
     from dpaudit.accounting import group_epsilon
 
     args = {k: dp[k] for k in ("noise_multiplier", "sample_rate", "steps", "delta")}
-    for g in groups:
+    for g in groups:  # "epsilon" stays None where it cannot be computed
         k = g["notes"]
         if dp["unit"] == "user" or k == 1:
             g["epsilon"] = dp["epsilon"]
@@ -432,9 +432,6 @@ def _patient_epsilons(groups: list[dict], dp: dict, warn) -> None:
                 g["epsilon"] = group_epsilon(**args, group_size=k)
             except InputError as err:
                 warn(f"epsilon of a patient with {k} notes not computed: {err}")
-                g["epsilon"] = None
-        else:
-            g["epsilon"] = None
 
 
 # --------------------------------------------------------------------------- one model
