@@ -10,6 +10,11 @@ per model:
 * the idealized ceiling: the median one-run bound that m canaries give when each is an
   exact Gaussian mechanism at the model's epsilon (delta) and the attack sees the exact
   score, simulated over ``--trials`` draws with the same significance and guess grid;
+* beside it, the order-statistics estimate (Xiang et al. 2025, arXiv 2509.08704) on the
+  same simulated scores: what a test that assumes independent canaries would read there;
+* the final-model ideal: the sound bound and the DP-SGD family test for an attack that
+  sees each canary's last-iterate statistic exactly (simulated), the most a black-box
+  audit of this training regime can show with m canaries;
 * the last-iterate heuristic epsilon (Steinke et al. 2025, arXiv 2410.06186), what any
   audit of the final model alone can hope to show.
 """
@@ -37,18 +42,41 @@ def gaussian_mu(epsilon: float, delta: float) -> float:
 
 
 def idealized_ceiling(*, epsilon: float, delta: float, m: int, significance: float, trials: int, seed: int = 0):
-    """Median and spread of the one-run bound of m exact Gaussian mechanisms at epsilon."""
+    """Median and spread of the one-run bound of m exact Gaussian mechanisms at epsilon, and
+    the median order-statistics estimate on the same scores (independent channels, where it
+    is exact)."""
     from dpaudit.audit import CanaryScores
 
     mu = gaussian_mu(epsilon, delta)
     rng = np.random.default_rng(seed)
-    values = []
+    values, estimates = [], []
     for _ in range(trials):
         member = rng.random(m) < 0.5
         scores = rng.normal(mu * member, 1.0)
         cs = CanaryScores(in_scores=scores[member], out_scores=scores[~member], seed=0)
         values.append(cs.bound("one_run", delta=delta, significance=significance).epsilon)
-    return float(np.median(values)), float(np.min(values)), float(np.max(values))
+        estimates.append(cs.bound("order_statistics", delta=delta, significance=significance).epsilon)
+    return float(np.median(values)), float(np.min(values)), float(np.max(values)), float(np.median(estimates))
+
+
+def final_model_ideal(*, sigma: float, q: float, steps: int, m: int, delta: float, significance: float, trials: int,
+                      seed: int = 0):
+    """Medians of the sound bound and the DP-SGD family test for the best conceivable
+    black-box attack on the final model: each canary's score is the last-iterate
+    statistic of linear losses (Steinke et al. 2025, arXiv 2410.06186), k + N(0, T sigma^2)
+    with k ~ Binomial(T, q) the steps that sampled it (0 when left out)."""
+    from dpaudit.audit import CanaryScores, claimed_curve_bound
+
+    rng = np.random.default_rng(seed)
+    one_run, family = [], []
+    for _ in range(trials):
+        member = rng.random(m) < 0.5
+        scores = rng.binomial(steps, q, size=m) * member + rng.normal(0.0, math.sqrt(steps) * sigma, size=m)
+        cs = CanaryScores(in_scores=scores[member], out_scores=scores[~member], seed=0)
+        one_run.append(cs.bound("one_run", delta=delta, significance=significance).epsilon)
+        family.append(claimed_curve_bound(cs, noise_multiplier=sigma, sample_rate=q, steps=steps, delta=delta,
+                                          significance=significance).epsilon)
+    return float(np.median(one_run)), float(np.median(family))
 
 
 def measure(report: dict, *, trials: int) -> list[dict]:
@@ -63,16 +91,22 @@ def measure(report: dict, *, trials: int) -> list[dict]:
                 bounds[f"{attack}/{method}"] = {"epsilon": b["epsilon"], "sound": b["sound"],
                                                 "ratio": b["epsilon"] / eps}
         audit = m["audit"]
-        sig = (audit["significance"] or 0.05) / max(1, len(m["canary_attacks"]))
+        # the attack stage's level per test: 0.05 over the attacks and its two sound tests
+        sig = (audit["significance"] or 0.05) / max(1, len(m["canary_attacks"])) / 2
         ideal = idealized_ceiling(epsilon=eps, delta=delta, m=audit["num_canaries"] or report["canaries"]["count"],
                                   significance=sig, trials=trials)
+        final = final_model_ideal(sigma=m["dp"]["noise_multiplier"], q=m["dp"]["sample_rate"], steps=m["dp"]["steps"],
+                                  m=audit["num_canaries"] or report["canaries"]["count"], delta=delta,
+                                  significance=sig, trials=max(3, trials // 4))
         rows.append({
             "model": m["name"], "epsilon": eps, "delta": delta, "sigma": m["dp"]["noise_multiplier"],
             "sample_rate": m["dp"]["sample_rate"], "steps": m["dp"]["steps"],
             "best_sound_bound": audit["epsilon_lower_bound"], "method": audit["method"], "attack": audit["attack"],
             "ratio": None if audit["epsilon_lower_bound"] is None else audit["epsilon_lower_bound"] / eps,
             "canary_auc": {k: a["auc"] for k, a in m["canary_attacks"].items()},
-            "ceiling": audit["ceiling"], "idealized_ceiling": ideal[0], "idealized_range": ideal[1:],
+            "ceiling": audit["ceiling"], "idealized_ceiling": ideal[0], "idealized_range": ideal[1:3],
+            "idealized_order_statistics": ideal[3], "final_model_ideal_one_run": final[0],
+            "final_model_ideal_family": final[1],
             "last_iterate_epsilon": m["dp"]["last_iterate_epsilon"], "heldout_perplexity":
                 m["utility"]["heldout_perplexity"], "bounds": bounds,
         })
@@ -106,13 +140,15 @@ def main() -> None:
         return
     print(f"run: {run}")
     head = f"{'model':<16}{'eps':>7}{'sigma':>7}{'q':>7}{'T':>5}{'best sound':>12}{'ratio':>7}" \
-           f"{'ceiling':>9}{'ideal':>7}{'last-it.':>9}{'ppl':>7}  best by"
+           f"{'ceiling':>9}{'ideal':>7}{'ideal OS':>9}{'final':>7}{'family':>7}{'last-it.':>9}{'ppl':>7}  best by"
     print(head)
     for r in rows:
         b = r["best_sound_bound"]
         print(f"{r['model']:<16}{r['epsilon']:>7.2f}{r['sigma']:>7.2f}{r['sample_rate']:>7.3f}{r['steps']:>5}"
               f"{(b if b is not None else math.nan):>12.3f}{(r['ratio'] or 0):>7.2f}{r['ceiling'] or math.nan:>9.2f}"
-              f"{r['idealized_ceiling']:>7.2f}{r['last_iterate_epsilon'] or math.nan:>9.2f}"
+              f"{r['idealized_ceiling']:>7.2f}{r['idealized_order_statistics']:>9.2f}"
+              f"{r['final_model_ideal_one_run']:>7.2f}{r['final_model_ideal_family']:>7.2f}"
+              f"{r['last_iterate_epsilon'] or math.nan:>9.2f}"
               f"{r['heldout_perplexity'] or math.nan:>7.2f}  {r['attack']}/{r['method']}")
     print("\nper attack and method (epsilon, ratio to the accountant's; * = sound):")
     for r in rows:

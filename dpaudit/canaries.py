@@ -85,7 +85,7 @@ _TOP_KEYS = {"name", "kind", "description", "templates", "secret"}
 _SECRET_KEYS = {
     "random_secret": {"pattern"},
     "pii": {"pattern", "field"},
-    "new_token": {"pool_size", "length", "token_format"},
+    "new_token": {"pool_size", "length", "token_format", "distinct"},
 }
 
 
@@ -211,7 +211,10 @@ def validate_canary_spec(raw: Any, *, origin: str = "canary spec", default_name:
             "pool_size": _check_int(secret.get("pool_size"), f"{origin}: secret.pool_size", lo=2),
             "length": _check_int(secret.get("length"), f"{origin}: secret.length", lo=1),
             "token_format": secret.get("token_format", "<|canary_{index:04d}|>"),
+            "distinct": secret.get("distinct", False),
         }
+        if not isinstance(sec["distinct"], bool):
+            raise InputError(f"{origin}: secret.distinct must be true or false, got {sec['distinct']!r}")
         fmt = sec["token_format"]
         if not isinstance(fmt, str) or "{index" not in fmt:
             raise InputError(f"{origin}: secret.token_format must be a string containing {{index}}, got {fmt!r}")
@@ -313,7 +316,11 @@ def make_canaries(
 
     Canary ``i`` gets id ``"canary-<set name>-<i:04d>"``, a template chosen uniformly, the
     template's other fields from a fresh synthetic patient, and a secret drawn uniformly
-    from the secret space; secrets are distinct within the set. Inclusion is drawn
+    from the secret space; secrets are distinct within the set. A ``new_token`` spec with
+    ``secret.distinct`` deals its tokens out of one permutation of the pool instead, so no
+    token is in two canaries and no canary trains another's token embeddings directly (one
+    source of the interference between canaries that Keinan et al. 2025 find limits one-run
+    audits; on the demo model it is not the main one, see docs/ceilings.md). Inclusion is drawn
     independently per canary with probability ``inclusion_prob`` (1/2 for the one-run audit
     of Steinke et al. 2023) from its own stream, so it is reproducible from ``seed`` (and
     the set name) and independent of the canary contents. ``repetitions`` (r >= 1) is
@@ -337,16 +344,25 @@ def make_canaries(
     space = secret_space_size(spec)
     if space < m:
         raise InputError(f"canary set '{spec['name']}' has only {space} possible secrets, fewer than {m} canaries")
+    distinct = spec["kind"] == "new_token" and spec["secret"]["distinct"]
+    n_tokens = spec["secret"].get("length", 0)
+    if distinct and spec["secret"]["pool_size"] < m * n_tokens:
+        raise InputError(f"canary set '{spec['name']}': {m} canaries of {n_tokens} distinct tokens need a pool of "
+                         f"{m * n_tokens} tokens, it has {spec['secret']['pool_size']} (secret.pool_size)")
 
     content_ss, inclusion_ss = _root_seed_sequence(seed, spec["name"]).spawn(2)
     included = np.random.default_rng(inclusion_ss).random(m) < p
     pool = new_tokens(spec) if spec["kind"] == "new_token" else None
+    children = content_ss.spawn(m)
+    if distinct:  # one permutation of the pool, dealt out: no token in two canaries
+        dealt = np.random.default_rng(content_ss.spawn(1)[0]).permutation(len(pool))[: m * n_tokens]
+        dealt = dealt.reshape(m, n_tokens)
     templates = spec["templates"]
     needs_fields = [bool(set(_template_fields(t, "spec")) - {"secret"}) for t in templates]
     fake = Faker("en_US") if any(needs_fields) else None
     seen: set[str] = set()
     out = []
-    for i, child in enumerate(content_ss.spawn(m)):
+    for i, child in enumerate(children):
         rng = np.random.default_rng(child)
         t_index = int(rng.integers(len(templates)))
         template = templates[t_index]
@@ -354,7 +370,10 @@ def make_canaries(
         if needs_fields[t_index]:
             fake.seed_instance(int(child.generate_state(1, dtype=np.uint32)[0]))
             fields = random_patient_fields(rng=rng, faker=fake)
-        secret = _draw_secret(spec, rng, pool)
+        if distinct:
+            secret = "".join(pool[j] for j in dealt[i])
+        else:
+            secret = _draw_secret(spec, rng, pool)
         while secret in seen:  # distinct secrets; terminates because space >= m
             secret = _draw_secret(spec, rng, pool)
         seen.add(secret)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from datetime import datetime
 from pathlib import Path
@@ -60,6 +61,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     p.set_defaults(handler=cmd_attack)
 
+    p = sub.add_parser("extract", help="exposure of the secret canaries, extraction of canaries, PII fields and "
+                                       "k-extractable records, for every model of a run directory")
+    p.add_argument("run_dir", metavar="RUN_DIR")
+    p.add_argument("--force", action="store_true", help="recompute results already in place")
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    p.set_defaults(handler=cmd_extract)
+
     p = sub.add_parser("audit-model", help="black-box membership audit of a released model")
     p.add_argument("model_dir", metavar="MODEL_DIR")
     p.add_argument("--members", required=True, metavar="FILE", help="jsonl with a 'text' field, or txt, one text a line")
@@ -79,13 +87,30 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("validate", help="does a DP-SGD trainer earn its claimed (epsilon, delta)? one run with canaries",
                        description="Train once with TRAINER (a MODULE:FUNCTION plug-in, imported from the current "
                        "directory and PYTHONPATH) on the preset's corpus with M canaries, audit the canaries and say "
-                       "violated (exit 1), consistent (exit 0) or inconclusive (exit 3).")
-    p.add_argument("--trainer", required=True, metavar="MODULE:FUNCTION")
-    p.add_argument("--epsilon", type=float, required=True, metavar="E", help="the claimed epsilon")
-    p.add_argument("--delta", type=float, required=True, metavar="D", help="the claimed delta")
+                       "violated (exit 1), consistent (exit 0) or inconclusive (exit 3). With --step instead: a "
+                       "white-box audit of one DP-SGD update step(model, batch, *, generator) against the claim "
+                       "(S, C, B), from R runs of the step with and without a canary.")
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--trainer", metavar="MODULE:FUNCTION")
+    what.add_argument("--step", metavar="MODULE:FUNCTION", help="white-box audit of one update step instead")
+    p.add_argument("--epsilon", type=float, metavar="E", help="the claimed epsilon (--trainer)")
+    p.add_argument("--delta", type=float, metavar="D",
+                   help="the claimed delta (required with --trainer; with --step default 1e-05)")
     p.add_argument("--canaries", type=int, metavar="M", help="number of canaries (default: the preset's)")
     _config_args(p, default="demo")
-    p.add_argument("--out", help="run directory (default: runs/validate-<time>)")
+    p.add_argument("--noise-multiplier", type=float, metavar="S", help="the step's claimed noise multiplier (--step)")
+    p.add_argument("--max-grad-norm", type=float, metavar="C", help="the step's claimed clipping norm (--step)")
+    p.add_argument("--expected-batch-size", type=int, metavar="B",
+                   help="the step's claimed divisor, the expected batch size (--step)")
+    p.add_argument("--repetitions", type=int, default=200, metavar="R",
+                   help="runs of the step with and without the canary, each (--step; default: 200)")
+    p.add_argument("--sample-rate", type=float, metavar="Q", help="the run's Poisson rate, for the run's epsilon "
+                   "the step implies (--step, with --steps; default: from --out's DP-SGD model)")
+    p.add_argument("--steps", type=int, metavar="T", help="the run's number of steps (--step, with --sample-rate)")
+    p.add_argument("--model", metavar="NAME", help="the model of the run directory --out whose q and T the step "
+                   "audit composes (--step; default: its only DP-SGD model)")
+    p.add_argument("--out", help="run directory (default: runs/validate-<time>); --step writes step_audit.json "
+                             "there (into an existing run: `dpaudit report` shows it)")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     p.set_defaults(handler=cmd_validate)
 
@@ -105,6 +130,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--method", choices=("pld", "rdp"), default="pld", help="accountant (default: pld)")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     p.set_defaults(handler=cmd_accountant)
+
+    p = sub.add_parser("bench", help="DP-SGD step, memory, Opacus, signals and validate cost as side-by-side ratios")
+    p.add_argument("--size", default="small", help="model size preset (default: small, the demo's)")
+    p.add_argument("--batch", type=int, default=16, metavar="B", help="batch of the step-time rows (default: 16)")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds per row (default: 3)")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda (default: auto)")
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    p.set_defaults(handler=cmd_bench)
     return parser
 
 
@@ -116,6 +149,10 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, stream=sys.stderr,
                         format="%(message)s")
+    if not args.verbose:  # tracebacks go to run.log (and to stderr with -v), not onto the user's terminal
+        for handler in logging.getLogger().handlers:
+            if type(handler) is logging.StreamHandler and handler.stream is sys.stderr:
+                handler.setFormatter(_NoTraceback("%(message)s"))
     if sys.stderr.isatty():  # the bars show progress there; its log lines go to run.log only
         logging.getLogger().handlers[0].addFilter(lambda record: record.name != "dpaudit.progress")
     logging.captureWarnings(True)
@@ -128,11 +165,39 @@ def main(argv: list[str] | None = None) -> int:
     except InputError as err:
         print(f"dpaudit {args.command}: error: {err}", file=sys.stderr)
         return EXIT_USAGE
+    except OSError as err:
+        if err.errno is None:  # not the file system's: a bug, keep its traceback
+            raise
+        where = f": {err.filename}" if err.filename else ""
+        print(f"dpaudit {args.command}: error: {err.strerror or err}{where} (nothing half-written is left; "
+              "finished artifacts are kept)", file=sys.stderr)
+        return EXIT_USAGE
     except KeyboardInterrupt:
-        hint = " (finished stages are kept: rerun the same command with the same --out to resume)" \
-            if args.command in ("run", "train", "attack") else ""
+        hint = ""
+        if args.command in ("run", "train") and args.out:
+            again = "the same command without --force" if args.force else "the same command"
+            hint = f" (finished stages are kept: rerun {again} with --out {args.out} to resume)"
+        elif args.command == "attack":
+            hint = " (finished stages are kept: rerun the same command to resume)"
         print(f"dpaudit {args.command}: interrupted{hint}", file=sys.stderr)
+        if argv is None:  # the command itself: every artifact is settled, skip the slow teardown of torch & co
+            sys.stdout.flush()
+            sys.stderr.flush()
+            logging.shutdown()
+            os._exit(130)
         return 130
+
+
+class _NoTraceback(logging.Formatter):
+    """A log line without the traceback of the error it reports."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        saved = record.exc_info, record.exc_text
+        record.exc_info = record.exc_text = None
+        try:
+            return super().format(record)
+        finally:
+            record.exc_info, record.exc_text = saved
 
 
 def _emit(args: argparse.Namespace, obj: dict, text: str) -> None:
@@ -166,6 +231,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     config = load_config(args.config, overrides=args.overrides)
     out = Path(args.out or f"runs/{Path(args.config).stem}-{datetime.now():%Y%m%d-%H%M%S}")
+    args.out = str(out)  # named by the line that says how to resume after Ctrl-C
     result = run(config, out=out, force=args.force, command=sys.argv)
     return _finish_audit(args, out, result.report)
 
@@ -182,6 +248,30 @@ def cmd_attack(args: argparse.Namespace) -> int:
     text = "\n\n".join(f"{name}:\n{_attack_table(s)}" for name, s in summary.items())
     _emit(args, {"run_dir": str(args.run_dir), "models": summary, "failed": result.failed}, text)
     return EXIT_OK if result.ok else EXIT_FAILED
+
+
+def cmd_extract(args: argparse.Namespace) -> int:
+    from dpaudit.stages.extract import JSON_KEYS, extract_run
+
+    results = extract_run(args.run_dir, force=args.force)
+    models = {name: {k: r.get(k) for k in JSON_KEYS} for name, r in results.items()}
+    lines = []
+    for name, r in models.items():
+        parts = [(f"new-token canaries extracted {r['included_extracted']}/{r['included_total']} included, "
+                  f"{r['excluded_extracted']}/{r['excluded_total']} excluded")]
+        for g in r["by_repetitions"] or []:
+            parts.append(f"secret canaries x{g['repetitions']}: mean exposure {g['mean_exposure']:.1f} of "
+                         f"{r['space_bits']:.1f} bits, greedy {g['extracted']:.0%}, sampled {g['extracted_sampled']:.0%}")
+        for field, v in ((r["pii"] or {}).get("members") or {}).items():
+            h = r["pii"]["heldout"].get(field) or {}
+            parts.append(f"{field}: members {v['extracted']}/{v['num']}, held-out {h.get('extracted')}/{h.get('num')}")
+        k = r["k_extractable"] or {}
+        if k:
+            parts.append(f"{k['k']}-extractable: members {_fmt(k['members']['fraction'], '.1%')}, "
+                         f"held-out {_fmt(k['heldout']['fraction'], '.1%')}")
+        lines.append(f"{name}:\n  " + "\n  ".join(parts))
+    _emit(args, {"run_dir": str(args.run_dir), "models": models}, "\n".join(lines) or "no trained models")
+    return EXIT_OK
 
 
 def cmd_audit_model(args: argparse.Namespace) -> int:
@@ -213,6 +303,15 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())  # the user's trainer module, as `python -m` would find it
+    if args.step is not None:
+        return _validate_step(args)
+    step_only = [f for f, v in (("--noise-multiplier", args.noise_multiplier), ("--max-grad-norm", args.max_grad_norm),
+                                ("--expected-batch-size", args.expected_batch_size), ("--sample-rate", args.sample_rate),
+                                ("--steps", args.steps), ("--model", args.model)) if v is not None]
+    if step_only:
+        raise InputError(f"{', '.join(step_only)} go with --step, not --trainer")
+    if args.epsilon is None or args.delta is None:
+        raise InputError("--trainer needs the claim: --epsilon E --delta D")
     out = Path(args.out or f"runs/validate-{datetime.now():%Y%m%d-%H%M%S}")
     result = validate(trainer=args.trainer, epsilon=args.epsilon, delta=args.delta, canaries=args.canaries,
                       config=args.config, overrides=args.overrides, out=out, command=sys.argv)
@@ -222,6 +321,40 @@ def cmd_validate(args: argparse.Namespace) -> int:
             f"{_fmt(result['ceiling'], '.3f')} ({result['num_canaries']} canaries)\nrun: {out}")
     _emit(args, {k: result[k] for k in JSON_KEYS}, text)
     return result["exit_code"]
+
+
+def _validate_step(args: argparse.Namespace) -> int:
+    from dpaudit.stages.validate_step import DEFAULT_DELTA, JSON_KEYS, validate_step
+
+    missing = [f for f, v in (("--noise-multiplier", args.noise_multiplier), ("--max-grad-norm", args.max_grad_norm),
+                              ("--expected-batch-size", args.expected_batch_size)) if v is None]
+    if missing:
+        raise InputError(f"--step needs the claim: {', '.join(missing)}")
+    if args.epsilon is not None or args.canaries is not None:
+        raise InputError("--epsilon and --canaries go with --trainer; --step's claim is --noise-multiplier S")
+    out = Path(args.out or f"runs/validate-step-{datetime.now():%Y%m%d-%H%M%S}")
+    delta = DEFAULT_DELTA if args.delta is None else args.delta
+    r = validate_step(step=args.step, noise_multiplier=args.noise_multiplier, max_grad_norm=args.max_grad_norm,
+                      expected_batch_size=args.expected_batch_size, repetitions=args.repetitions, delta=delta,
+                      sample_rate=args.sample_rate, steps=args.steps, out=out, model=args.model)
+    est, run = r["estimate"], r["run"]
+    lines = [f"{r['verdict']}: {r['reason']}",
+             (f"mu >= {r['mu_lower_bound']:.3f} ({r['confidence']:.0%} confidence) against the claimed 1/S = "
+              f"{r['claimed_mu']:.3f}; ceiling {r['mu_ceiling']:.3f} with {r['repetitions']} runs a side; epsilon >= "
+              f"{r['epsilon_lower_bound']:.3f} against {r['claimed_epsilon']:.3f} at delta {delta:g} (one step)"),
+             "estimate (assumes Gaussian projections, not a bound): mu = " + (
+                 f"{est['mu']:.3f} [{est['mu_interval'][0]:.3f}, {est['mu_interval'][1]:.3f}]"
+                 if est["mu"] is not None else "inf (no noise seen)")]
+    if run is not None:
+        interval = run["estimate"]["epsilon_interval"]
+        lines.append(f"the run (q = {run['sample_rate']:.4g}, T = {run['steps']}): claimed epsilon "
+                     f"{_fmt(run['claimed_epsilon'])}; the step's measured noise implies epsilon >= "
+                     f"{_fmt(run['epsilon_lower_bound'])} ({run['confidence']:.0%}; noise multiplier <= "
+                     f"{_fmt(run['noise_multiplier_upper_bound']) if run['noise_multiplier_upper_bound'] else 'inf'}), estimate {_fmt(run['estimate']['epsilon'])} "
+                     f"[{_fmt(interval[0])}, {_fmt(interval[1])}]")
+    lines.append(f"step audit: {out / 'step_audit.json'}")
+    _emit(args, {k: r[k] for k in JSON_KEYS}, "\n".join(lines))
+    return r["exit_code"]
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -255,6 +388,17 @@ def _finish_audit(args: argparse.Namespace, out: Path, report: dict) -> int:
             lines.append(f"  error: {m['error']}")
         elif verdict.get("reason") and status in ("violated", "inconclusive"):
             lines.append(f"  {verdict['reason']}")
+        multi = m.get("multi_run")
+        if multi and not m.get("error"):  # the multi-run audit is a verdict of its own
+            statuses.append(multi["verdict"]["status"])
+            lines.append(f"  multi-run audit, {multi['num_runs']} runs per side: Clopper-Pearson epsilon >= "
+                         f"{_fmt(multi['clopper_pearson']['epsilon'], '.2f')} (ceiling {_fmt(multi['ceiling'], '.2f')}): "
+                         f"{multi['verdict']['status']}")
+    step = report.get("step_audit")
+    if step:  # the white-box step audit (validate --step --out RUN) is a verdict of its own
+        statuses.append(step["verdict"])
+        lines.append(f"step audit of {step['step']}: mu >= {_fmt(step['mu_lower_bound'])} against the claimed 1/S = "
+                     f"{_fmt(step['claimed_mu'])} (ceiling {_fmt(step['mu_ceiling'])}): {step['verdict']}")
     lines.append(f"report: {out / 'report.html'}")
     for warning in report.get("warnings", []):
         print(f"warning: {warning}", file=sys.stderr)
@@ -300,3 +444,10 @@ def cmd_accountant(args: argparse.Namespace) -> int:
               f"noise multiplier = {sigma:.4f} (epsilon = {eps:.4f} at delta = {args.delta:g}, {args.method})")
     return EXIT_OK
 
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from dpaudit.bench import run_bench, summary
+
+    result = run_bench(size=args.size, batch=args.batch, rounds=args.rounds, device=args.device)
+    _emit(args, result, summary(result))
+    return EXIT_OK

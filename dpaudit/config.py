@@ -39,6 +39,20 @@ class DataConfig:
 
 
 @dataclass
+class SecretCanaryConfig:
+    """Secret Sharer canaries (Carlini et al. 2019, arXiv 1802.08232) inserted beside the
+    main set, for exposure and extraction only: they never enter a membership attack or an
+    epsilon bound (repeated canaries are groups of units). ``num`` canaries per repetition
+    count; in each group half (rounded up) are inserted, the others are the controls."""
+
+    set: str = "random_secret6"  # a random_secret or pii set (canaries/*.yaml) or a YAML path
+    num: int = 0  # per repetition count; 0: no secret canaries
+    repetitions: list[int] = field(default_factory=lambda: [1, 2, 4, 8])
+    enumerate_limit: int = 1_000_000  # exact exposure while |R| <= this, else the skew-normal estimate
+    sample_size: int = 2000  # candidates drawn for the skew-normal estimate
+
+
+@dataclass
 class CanaryConfig:
     """Canaries inserted into the members, each with probability ``inclusion_prob``."""
 
@@ -46,6 +60,7 @@ class CanaryConfig:
     num: int = 100
     repetitions: int = 1
     inclusion_prob: float = 0.5
+    secrets: SecretCanaryConfig = field(default_factory=SecretCanaryConfig)
 
 
 @dataclass
@@ -87,6 +102,11 @@ class DPConfig:
     delta: float | None = None  # None: 1 / (10 N), N protected units, rounded down to a power of ten
     unit: Literal["example", "user"] = "example"
     accountant: Literal["pld", "rdp"] = "pld"
+    # per-unit gradients: auto (ghost clipping where it covers the model, else vmap), ghost, vmap
+    engine: Literal["auto", "ghost", "vmap"] = "auto"
+    # false (secure mode): noise and Poisson sampling from OS entropy, never recorded, so nobody
+    # can replay them; true: both seeded from the run seed (audits, tests), not fit for release
+    reproducible: bool = False
 
 
 @dataclass
@@ -163,6 +183,40 @@ class AttackConfig:
 
 
 @dataclass
+class AuditConfig:
+    """How a model's DP claim is audited.
+
+    ``one_run`` (the default): the run's canaries, each in with probability 1/2, in the one
+    trained model (Steinke et al. 2023, arXiv 2305.08846). ``multi_run``: besides, for each
+    model of ``models`` (empty: every model of the run), ``num_runs`` models trained with one
+    canary (``canary``, an id; None: the run's first) and ``num_runs`` without it, each with
+    the model's own trainer, noise and steps on its own training rows; the ``attack`` score of
+    the canary in each run gives Clopper-Pearson and GDP bounds (Jagielski et al. 2020, arXiv
+    2006.07709; Nasr et al. 2023, arXiv 2302.07956). The runs go through the fleet
+    (``fleet.executor``: local processes or a Ray cluster)."""
+
+    mode: Literal["one_run", "multi_run"] = "one_run"
+    num_runs: int = 16  # multi_run: K runs with the canary and K without, per audited model
+    models: list[str] = field(default_factory=list)  # multi_run: the models audited; empty: all
+    canary: str | None = None  # multi_run: the canary's id; None: the run's first canary
+    attack: str = "loss"  # multi_run: an attack that needs only the model (loss, zlib, min_k, min_k_pp)
+
+
+@dataclass
+class ExtractConfig:
+    """The extract stage: sampled decoding from each secret canary's prefix (``samples`` at
+    ``temperature``), and the k-extractable fraction (Carlini et al. 2023, arXiv 2202.07646)
+    of at most ``max_records`` member and held-out records: a ``k``-token prefix, greedy
+    decoding must emit the next ``suffix_length`` tokens."""
+
+    samples: int = 16
+    temperature: float = 1.0
+    k: int = 32
+    suffix_length: int = 16
+    max_records: int = 200
+
+
+@dataclass
 class Config:
     """A whole run."""
 
@@ -176,6 +230,8 @@ class Config:
     models: list[ModelEntry] = field(default_factory=lambda: [ModelEntry(name="target")])
     fleet: FleetConfig = field(default_factory=FleetConfig)
     attack: AttackConfig = field(default_factory=AttackConfig)
+    extract: ExtractConfig = field(default_factory=ExtractConfig)
+    audit: AuditConfig = field(default_factory=AuditConfig)
 
     def model_names(self) -> list[str]:
         return [m.name for m in self.models]
@@ -336,11 +392,24 @@ def _coerce(hint: Any, value: Any, path: str) -> Any:
 def validate(config: Config) -> None:
     """Range checks that types alone do not express, for the run and each of its models."""
     positive = _positive
+    positive("seed", config.seed, allow_zero=True)
     positive("data.num_patients", config.data.num_patients)
     positive("data.max_length", config.data.max_length)
     positive("tokenizer.vocab_size", config.tokenizer.vocab_size)
     positive("canaries.num", config.canaries.num, allow_zero=True)
     positive("canaries.repetitions", config.canaries.repetitions)
+    sec = config.canaries.secrets
+    positive("canaries.secrets.num", sec.num, allow_zero=True)
+    positive("canaries.secrets.enumerate_limit", sec.enumerate_limit, allow_zero=True)
+    if sec.sample_size < 3:
+        raise InputError(f"config key canaries.secrets.sample_size must be >= 3, got {sec.sample_size}")
+    if sec.num and (not sec.repetitions or min(sec.repetitions) < 1 or len(set(sec.repetitions)) != len(sec.repetitions)):
+        raise InputError(f"config key canaries.secrets.repetitions must be distinct integers >= 1, got {sec.repetitions}")
+    ex = config.extract
+    for key in ("samples", "k", "suffix_length"):
+        positive(f"extract.{key}", getattr(ex, key))
+    positive("extract.max_records", ex.max_records, allow_zero=True)
+    positive("extract.temperature", ex.temperature)
     positive("fleet.num_models", config.fleet.num_models, allow_zero=True)
     positive("fleet.workers", config.fleet.workers)
     if not 0 < config.data.holdout_fraction < 1:
@@ -380,6 +449,28 @@ def validate(config: Config) -> None:
             _validate_train(config.for_model(name).train)
         except InputError as err:
             raise InputError(f"model {name}: {err}" if len(names) > 1 else str(err)) from None
+    _validate_audit(config)
+
+
+def _validate_audit(config: Config) -> None:
+    """``audit.*``: K >= 1 runs per side, models of the run, an attack that scores one model
+    alone, and (multi-run) a canary to insert."""
+    from dpaudit.attacks import available_attacks, get_attack
+
+    a = config.audit
+    _positive("audit.num_runs", a.num_runs)
+    unknown = sorted(set(a.models) - set(config.model_names()))
+    if unknown:
+        raise InputError(f"config key audit.models names model(s) not in the run: {', '.join(unknown)} "
+                         f"(models: {', '.join(config.model_names())})")
+    if a.mode == "multi_run" and config.canaries.num == 0:
+        raise InputError("config key audit.mode multi_run needs a canary to insert: set canaries.num >= 1")
+    if a.attack not in available_attacks():
+        raise InputError(f"config key audit.attack must be an attack, got {a.attack!r} "
+                         f"(known: {', '.join(available_attacks())})")
+    needs = sorted(get_attack(a.attack).requires - {"texts"})
+    if needs:
+        raise InputError(f"config key audit.attack must score a model alone; {a.attack} needs {', '.join(needs)}")
 
 
 def _positive(path: str, value: float | None, *, allow_zero: bool = False) -> None:

@@ -13,7 +13,11 @@
   enumerate, the rank is estimated from a sample of candidates: by counting
   (``method="rank"``), or by fitting a skew-normal distribution to the sampled
   log-likelihoods and reading the canary's tail probability from it
-  (``method="skewnorm"``, as the paper does), which reaches beyond the sample.
+  (``method="skewnorm"``, as the paper does), which reaches beyond the sample. From a
+  model: :func:`enumerated_exposure` ranks every candidate of ``R`` (a prefix tree of their
+  tokens after the canary's prefix, whose KV cache is computed once; :func:`candidate_logprobs`),
+  :func:`sampled_exposure` fits the skew-normal to a sample, and :func:`sample_continuations`
+  samples decodings from the prefix.
 
 * k-extractability (Carlini, Ippolito, Jagielski, Lee, Tramer, Zhang 2023, "Quantifying
   Memorization Across Neural Language Models", ICLR): a training string ``p || t`` is
@@ -40,12 +44,19 @@ from dpaudit.signals import _check_texts, _place_model, _resolve_device
 
 __all__ = [
     "ContinuationScores",
+    "SecretExposure",
+    "candidate_logprobs",
     "continuation_scores",
     "encode_continuations",
+    "enumerated_exposure",
     "exposure",
     "greedy_extracted",
     "k_extractable",
+    "padded_tokens",
+    "sample_continuations",
+    "sampled_exposure",
     "score_continuations",
+    "secret_space",
 ]
 
 _METHODS = ("rank", "skewnorm")
@@ -97,6 +108,11 @@ def exposure(
         log_frac = math.log(better / cands.size) if better > 0 else -math.inf
     else:
         log_frac = _skewnorm_log_tail(cands, canary)
+    return _exposure_from_log_frac(size, log_frac)
+
+
+def _exposure_from_log_frac(size: int, log_frac: float) -> float:
+    """``log2 |R| - log2 rank`` with ``rank = 1 + (|R| - 1) f`` and ``log_frac = log f``."""
     # log2(rank) = log2(1 + (|R| - 1) f), computed in logs so that tiny f and huge |R| work
     log_rank = np.logaddexp(0.0, math.log(size - 1) + log_frac) if log_frac > -math.inf else 0.0
     return float(max(0.0, math.log2(size) - log_rank / math.log(2)))
@@ -387,3 +403,261 @@ def k_extractable(
     pre = [lead + list(x[:k]) for x in ids]
     tgt = [list(x[k : end(x)]) for x in ids]
     return _greedy_match(model, pre, tgt, batch_size=batch_size, device=device)
+
+
+# ----------------------------------------------------------------------------------------
+# exposure by enumeration (Secret Sharer) and sampled decoding
+# ----------------------------------------------------------------------------------------
+
+
+class SecretExposure(NamedTuple):
+    """Exposure of one canary's secret (:func:`enumerated_exposure`, :func:`sampled_exposure`)."""
+
+    exposure: float
+    """``log2 |R| - log2 rank``, in bits."""
+    method: str
+    """``"exact"`` (every candidate of ``R`` ranked) or ``"skewnorm"`` (estimated from a sample)."""
+    logprob: float
+    """Natural-log probability of the secret's tokens given the prefix."""
+    rank: float | None
+    """Exact rank (1 = the model's first choice; ties count half), None when estimated."""
+
+
+def secret_space(pattern: str) -> list[str]:
+    """Every secret of a canary pattern (``'#'`` = a digit, ``'?'`` = a capital letter, other
+    characters literal; :mod:`dpaudit.canaries`), in lexicographic order: ``R`` of the
+    Secret Sharer (Carlini et al. 2019, arXiv 1802.08232)."""
+    import itertools
+
+    from dpaudit.canaries import _PATTERN_ALPHABETS
+
+    if not isinstance(pattern, str) or not any(c in _PATTERN_ALPHABETS for c in pattern):
+        raise InputError(f"secret_space: pattern must hold a '#' or '?', got {pattern!r}")
+    parts = [_PATTERN_ALPHABETS.get(c, c) for c in pattern]
+    return ["".join(t) for t in itertools.product(*parts)]
+
+
+def _cache_kw(model, cache) -> dict:
+    """``cache`` as the model's forward takes it: ``cache`` (transformers >= 5.x) or
+    ``past_key_values`` (earlier)."""
+    import inspect
+
+    try:
+        params = inspect.signature(type(model).forward).parameters
+    except (TypeError, ValueError):
+        params = {}
+    return {"cache" if "cache" in params else "past_key_values": cache}
+
+
+def _prefix_state(model, prefix_ids: list[int], dev):
+    """The KV cache of ``prefix_ids`` (computed once) and the log-probabilities of the next token."""
+    out = model(input_ids=torch.tensor([prefix_ids], device=dev), use_cache=True)
+    cache = out.get("cache") if out.get("cache") is not None else out.get("past_key_values")
+    if cache is None or not hasattr(cache, "batch_repeat_interleave"):
+        raise InputError(f"{type(model).__name__} returns no reusable KV cache (use_cache=True)")
+    return cache, torch.log_softmax(out.logits[0, -1].float(), dim=-1)
+
+
+def _copy_cache(cache, batch: int):
+    """A copy of a batch-1 KV cache, repeated ``batch`` times (the original stays as it is)."""
+    import copy
+
+    c = copy.deepcopy(cache)
+    c.batch_repeat_interleave(batch)
+    return c
+
+
+def _extend(model, cache, paths: np.ndarray, dev, keep_arg: bool) -> torch.Tensor:
+    """Next-token log-probabilities [B, V] after ``prefix + paths[b]`` (all paths of one
+    length), from a copy of the prefix's cache repeated over the batch."""
+    c = _copy_cache(cache, len(paths))
+    kw = {"logits_to_keep": 1} if keep_arg else {}
+    logits = model(input_ids=torch.from_numpy(np.ascontiguousarray(paths)).to(dev), use_cache=True,
+                   **_cache_kw(model, c), **kw).logits
+    return torch.log_softmax(logits[:, -1].float(), dim=-1)
+
+
+def padded_tokens(candidate_ids) -> np.ndarray:
+    """int64 ``[n, L]``: token lists right-padded with -1 (an int array is returned as is,
+    -1 taken as its padding)."""
+    if isinstance(candidate_ids, np.ndarray):
+        if candidate_ids.ndim != 2 or not np.issubdtype(candidate_ids.dtype, np.integer):
+            raise InputError("candidate token ids must be a 2-D integer array padded with -1")
+        return candidate_ids.astype(np.int64, copy=False)
+    cands = [list(map(int, c)) for c in candidate_ids]
+    toks = np.full((len(cands), max((len(c) for c in cands), default=0)), -1, dtype=np.int64)
+    for i, c in enumerate(cands):
+        toks[i, : len(c)] = c
+    return toks
+
+
+def candidate_logprobs(
+    model,
+    *,
+    prefix_ids: Sequence[int],
+    candidate_ids: Sequence[Sequence[int]] | np.ndarray,
+    threshold: float | None = None,
+    batch_size: int = 512,
+    device: str | torch.device = "auto",
+) -> np.ndarray:
+    """float64 ``[n]``: log-probability (nats) of each candidate's tokens given one shared
+    prefix, as used to rank the secret space in the Secret Sharer (Carlini et al. 2019, arXiv
+    1802.08232). ``candidate_ids``: token lists, or an int array padded with -1
+    (:func:`padded_tokens`).
+
+    The prefix is computed once (its KV cache is reused for every batch). The candidates are
+    arranged as a prefix tree of their tokens: each distinct token path is run through the
+    model once, at its depth, and its next-token distribution scores every candidate that
+    continues it (10^6 six-digit secrets of one-digit tokens need about 1.1 * 10^5 paths, not
+    6 * 10^6 tokens). With ``threshold``, a path whose log-probability so far is below it is
+    not extended (log-probabilities only fall along a path): its candidates are returned as
+    ``-inf``, known to be below ``threshold``; every candidate at or above it is exact. That is
+    all an exact rank needs, and for a well-memorized secret it leaves little to compute.
+    """
+    _check_batch(batch_size)
+    prefix = list(map(int, prefix_ids))
+    if not prefix:
+        raise InputError("candidate_logprobs: the prefix is empty")
+    toks = padded_tokens(candidate_ids)
+    n = len(toks)
+    if n == 0:
+        return np.zeros(0)
+    lengths = (toks >= 0).sum(axis=1)
+    if lengths.min() < 1 or ((toks[:, 1:] >= 0) & (toks[:, :-1] < 0)).any():
+        raise InputError("candidate_logprobs: a candidate has no tokens, or -1 padding before its last token")
+    depth = int(lengths.max())
+    vocab = int(toks.max()) + 1
+    dev = _place_model(model, _resolve_device(device))
+    keep_arg = _takes_logits_to_keep(model)
+    lp = np.zeros(n)
+    alive = np.ones(n, dtype=bool)
+    node = np.zeros(n, dtype=np.int64)  # each candidate's path id at the current depth
+    paths = np.zeros((1, 0), dtype=np.int64)  # the token path of each id
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode():
+            cache, root = _prefix_state(model, prefix, dev)
+            for d in range(depth):
+                idx = np.nonzero(alive & (lengths > d))[0]
+                if idx.size == 0:
+                    break
+                used, inv = np.unique(node[idx], return_inverse=True)
+                order = np.argsort(inv, kind="stable")
+                starts = np.searchsorted(inv[order], np.arange(len(used) + 1))
+                tok_d = toks[idx, d]
+                got = np.empty(idx.size)
+                for a in range(0, len(used), batch_size):
+                    b = min(a + batch_size, len(used))
+                    dist = root[None] if d == 0 else _extend(model, cache, paths[used[a:b]], dev, keep_arg)
+                    sel = order[starts[a] : starts[b]]  # the candidates under these paths
+                    rows = torch.from_numpy(inv[sel] - a).to(dist.device)
+                    cols = torch.from_numpy(tok_d[sel]).to(dist.device)
+                    got[sel] = dist[rows, cols].double().cpu().numpy()
+                lp[idx] += got
+                key = node[idx] * vocab + tok_d
+                ukeys, inv2 = np.unique(key, return_inverse=True)
+                paths = np.concatenate([paths[ukeys // vocab], (ukeys % vocab)[:, None]], axis=1)
+                node[idx] = inv2
+                if threshold is not None:
+                    alive[idx] = lp[idx] >= threshold
+    finally:
+        if was_training:
+            model.train()
+    lp[~alive] = -math.inf
+    return lp
+
+
+def enumerated_exposure(
+    model,
+    *,
+    prefix_ids: Sequence[int],
+    candidate_ids: Sequence[Sequence[int]] | np.ndarray,
+    secret_index: int,
+    batch_size: int = 512,
+    device: str | torch.device = "auto",
+) -> SecretExposure:
+    """Exact exposure (Carlini et al. 2019, arXiv 1802.08232): ``candidate_ids`` are the
+    tokens of every secret of ``R`` (after the canary's prefix) and ``secret_index`` the
+    inserted one. The rank counts the candidates the model finds more likely than the secret
+    (ties half), computed with :func:`candidate_logprobs` pruned at the secret's
+    log-probability, so only the candidates that could outrank it are scored in full."""
+    candidate_ids = padded_tokens(candidate_ids)
+    n = len(candidate_ids)
+    if not 0 <= secret_index < n:
+        raise InputError(f"enumerated_exposure: secret_index {secret_index} is not in 0..{n - 1}")
+    if n < 2:
+        raise InputError("enumerated_exposure: the secret space needs at least 2 candidates")
+    secret_lp = float(candidate_logprobs(model, prefix_ids=prefix_ids, candidate_ids=candidate_ids[secret_index : secret_index + 1],
+                                         batch_size=batch_size, device=device)[0])
+    lp = candidate_logprobs(model, prefix_ids=prefix_ids, candidate_ids=candidate_ids, threshold=secret_lp,
+                            batch_size=batch_size, device=device)
+    lp[secret_index] = -math.inf
+    # the secret's own score from the pruned pass (one float path) decides the ties
+    better = np.count_nonzero(lp > secret_lp) + 0.5 * np.count_nonzero(lp == secret_lp)
+    log_frac = math.log(better / (n - 1)) if better > 0 else -math.inf
+    return SecretExposure(_exposure_from_log_frac(n, log_frac), "exact", secret_lp, float(1.0 + better))
+
+
+def sampled_exposure(
+    model,
+    *,
+    prefix_ids: Sequence[int],
+    secret_ids: Sequence[int],
+    sample_ids: Sequence[Sequence[int]],
+    secret_space_size: int,
+    batch_size: int = 512,
+    device: str | torch.device = "auto",
+) -> SecretExposure:
+    """Exposure estimated from a uniform sample of other secrets (``sample_ids``, their
+    tokens): the skew-normal fit of Carlini et al. 2019 (arXiv 1802.08232, section 4.3),
+    :func:`exposure` with ``method="skewnorm"``, for spaces too large to enumerate."""
+    lp = candidate_logprobs(model, prefix_ids=prefix_ids, candidate_ids=[list(secret_ids), *sample_ids],
+                            batch_size=batch_size, device=device)
+    value = exposure(canary_logprob=lp[0], candidate_logprobs=lp[1:], secret_space_size=secret_space_size,
+                     method="skewnorm")
+    return SecretExposure(value, "skewnorm", float(lp[0]), None)
+
+
+def sample_continuations(
+    model,
+    *,
+    prefix_ids: Sequence[int],
+    num_samples: int,
+    num_tokens: int,
+    temperature: float = 1.0,
+    seed: int = 0,
+    device: str | torch.device = "auto",
+) -> np.ndarray:
+    """int64 ``[num_samples, num_tokens]``: continuations of one prefix sampled from the
+    model at ``temperature`` (the whole distribution, no top-k), the prefix computed once;
+    seeded by a torch Generator. The sampling attack of Carlini et al. 2021 (arXiv
+    2012.07805) on a canary's prefix: a secret is recovered when a sample equals its tokens."""
+    for name, v in (("num_samples", num_samples), ("num_tokens", num_tokens)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise InputError(f"sample_continuations: {name} must be a positive integer, got {v!r}")
+    if not float(temperature) > 0:
+        raise InputError(f"sample_continuations: temperature must be > 0, got {temperature!r}")
+    prefix = list(map(int, prefix_ids))
+    if not prefix:
+        raise InputError("sample_continuations: the prefix is empty")
+    dev = _place_model(model, _resolve_device(device))
+    gen = torch.Generator(device=dev).manual_seed(int(seed))
+    out = torch.zeros((num_samples, num_tokens), dtype=torch.long, device=dev)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode():
+            cache, dist = _prefix_state(model, prefix, dev)
+            cache.batch_repeat_interleave(num_samples)
+            logits = dist[None].expand(num_samples, -1)
+            for t in range(num_tokens):
+                probs = torch.softmax(logits / float(temperature), dim=-1)
+                out[:, t] = torch.multinomial(probs, 1, generator=gen)[:, 0]
+                if t + 1 < num_tokens:
+                    logits = model(input_ids=out[:, t : t + 1], use_cache=True,
+                                   **_cache_kw(model, cache)).logits[:, -1].float()
+    finally:
+        if was_training:
+            model.train()
+    return out.cpu().numpy()

@@ -141,6 +141,7 @@ def train_fleet(
     address: str | None = None,
     workers: int | None = None,
     progress: bool = True,
+    keep: np.ndarray | None = None,
 ) -> np.ndarray:
     """Train the reference models that ``fleet_dir`` still lacks; return ``keep`` [M, n].
 
@@ -150,8 +151,10 @@ def train_fleet(
     on, as canaries repeated in the target's training set). Model ``j`` trains with
     ``config.train.trainer`` on ``candidates`` restricted to ``keep[j]``, with the seed
     :func:`model_seed` ``(config.seed, j)``; ``keep`` comes from :func:`inclusion_matrix`
-    with ``keep_fraction``. ``num_models``, ``executor``, ``address`` and
-    ``workers`` default to ``config.fleet``.
+    with ``keep_fraction``, unless ``keep`` (bool [M, n]) is given: then model ``j`` trains
+    on exactly the rows ``keep[j]`` says (a designed experiment, such as the multi-run audit's
+    K models with a canary and K without) and ``num_models`` is M. ``num_models``,
+    ``executor``, ``address`` and ``workers`` default to ``config.fleet``.
 
     ``executor="local"``: a pool of ``workers`` spawned processes, each with
     ``cpu_count // workers`` torch threads (one pending model, or ``workers=1``, runs in this
@@ -170,6 +173,13 @@ def train_fleet(
     :class:`InputError` is raised rather than mixing the two.
     """
     fleet = config.fleet
+    if keep is not None:
+        keep = np.asarray(keep)
+        if keep.dtype != bool or keep.ndim != 2 or keep.shape[1] != len(candidates) or keep.shape[0] < 1:
+            raise InputError(f"keep must be a bool matrix [models, {len(candidates)}], got {keep.dtype} {keep.shape}")
+        if num_models is not None and num_models != keep.shape[0]:
+            raise InputError(f"keep has {keep.shape[0]} rows for num_models={num_models}")
+        num_models = keep.shape[0]
     num_models = fleet.num_models if num_models is None else num_models
     executor = fleet.executor if executor is None else executor
     address = fleet.address if address is None else address
@@ -193,7 +203,8 @@ def train_fleet(
         fleet=dataclasses.replace(fleet, num_models=num_models, executor=executor, address=address, workers=workers),
     )
     unit_ids = np.asarray([str(u) for u in candidates["unit_id"]], dtype=str)
-    keep = inclusion_matrix(unit_ids=unit_ids, num_models=num_models, seed=config.seed, keep_fraction=keep_fraction)
+    if keep is None:
+        keep = inclusion_matrix(unit_ids=unit_ids, num_models=num_models, seed=config.seed, keep_fraction=keep_fraction)
     empty = np.flatnonzero(~keep.any(axis=1))
     if empty.size:
         raise InputError(

@@ -44,20 +44,50 @@ def build_model(*, size: str, vocab_size: int, bos_token_id: int, eos_token_id: 
 
 def load_model_config(path: str | Path, *, trust_remote_code: bool = False):
     """The model's ``config.json``, or an InputError when ``path`` holds no model."""
+    text = str(path)
+    if not Path(path).exists() and (Path(path).is_absolute() or text.startswith((".", "~")) or text.count("/") > 1):
+        raise InputError(f"model directory not found: {path}")  # not a hub name (ORG/NAME) either
     try:
         return AutoConfig.from_pretrained(str(path), trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as err:
+        if "custom code" in str(err) or "trust_remote_code" in str(err):
+            raise InputError(f"{path} ships its own model code, which dpaudit runs only when asked: pass "
+                             "--trust-remote-code (model.trust_remote_code: true) if you trust it") from None
         raise InputError(f"{path} is not a model directory: {str(err).splitlines()[0]}") from None
 
 
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
+
+
 def load_model(path: str | Path, *, trust_remote_code: bool = False) -> PreTrainedModel:
-    """Load a causal LM from a local directory (or a hub name when the user has a network)."""
+    """Load a causal LM from a local directory (or a hub name when the user has a network).
+
+    Untrusted artifacts: weights load from safetensors only (``use_safetensors=True``); a
+    directory that holds only a pickle checkpoint (``pytorch_model.bin``: unpickling can run
+    code) is refused, not loaded; the model's own code runs only with ``trust_remote_code``.
+    A truncated or corrupted weights file is an InputError, not a traceback."""
+    from safetensors import SafetensorError
+
     path = str(path)
     load_model_config(path, trust_remote_code=trust_remote_code)
+    local = Path(path)
+    if local.is_dir() and not any(local.glob("*.safetensors")):
+        pickles = sorted(f.name for f in local.iterdir() if f.suffix in PICKLE_SUFFIXES)
+        if pickles:
+            raise InputError(f"{path} holds only a pickle checkpoint ({pickles[0]}), which dpaudit refuses to load "
+                             "(unpickling can run code): convert it to safetensors")
+        raise InputError(f"{path} has no model.safetensors (no weights)")
     try:
-        return AutoModelForCausalLM.from_pretrained(path, trust_remote_code=trust_remote_code)
-    except (OSError, ValueError) as err:
-        raise InputError(f"cannot load a causal language model from {path}: {str(err).splitlines()[0]}") from None
+        model, info = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=trust_remote_code,
+                                                           use_safetensors=True, output_loading_info=True)
+    except (OSError, ValueError, RuntimeError, SafetensorError) as err:
+        raise InputError(f"cannot load a causal language model from {path} (its weights are missing, truncated or "
+                         f"corrupted?): {' '.join(str(err).split())[:200]}") from None
+    missing = sorted(info.get("missing_keys") or ())
+    if missing:  # transformers would fill them with random numbers: not the model that was released
+        raise InputError(f"the weights in {path} lack {len(missing)} of the model's tensors ({missing[0]}, ...): "
+                         "the checkpoint is incomplete or does not belong to this config.json")
+    return model
 
 
 def check_tokenizer_fits(model_path: str | Path, tokenizer, *, trust_remote_code: bool = False) -> None:

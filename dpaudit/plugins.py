@@ -21,19 +21,25 @@ from dpaudit.errors import InputError
 OPTIONAL_KWARGS = ("config", "run_dir", "eval_dataset")
 
 
-def load_trainer(spec: str) -> Callable[..., Any]:
-    """Import ``MODULE:FUNCTION`` (from the toolkit or the user's PYTHONPATH)."""
+def load_callable(spec: str, *, what: str = "trainer") -> Callable[..., Any]:
+    """Import ``MODULE:FUNCTION`` (from the toolkit or the user's PYTHONPATH); ``what`` names
+    the plug-in in the error messages."""
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
-        raise InputError(f"a trainer is named MODULE:FUNCTION, got {spec!r}")
+        raise InputError(f"a {what} is named MODULE:FUNCTION, got {spec!r}")
     try:
         module = importlib.import_module(module_name)
     except ImportError as err:
-        raise InputError(f"cannot import trainer module {module_name!r}: {err}") from None
+        raise InputError(f"cannot import {what} module {module_name!r}: {err}") from None
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise InputError(f"{module_name} has no callable {attr!r}")
     return fn
+
+
+def load_trainer(spec: str) -> Callable[..., Any]:
+    """Import a trainer ``MODULE:FUNCTION`` (:func:`load_callable`)."""
+    return load_callable(spec, what="trainer")
 
 
 def call_trainer(

@@ -7,7 +7,7 @@ A run is a set of models that share their data, canaries and reference fleet::
       manifest.json          package versions, seeds, git commit, hardware (run)
       run.log                progress and warnings of every stage           (run)
       data/                  split.json, candidates.jsonl, public.jsonl,    (prepare)
-                             canaries.json, tokenizer/
+                             canaries.json, secrets.json, tokenizer/
       base/                  the base model trained on the public data      (train)
       fleet/                 reference models and their keep matrix         (fleet)
       signals/               signals of the reference models                (attack)
@@ -15,7 +15,10 @@ A run is a set of models that share their data, canaries and reference fleet::
                              train_checks.json, error.json
                              signals/, results/ATTACK.json|npz              (attack)
                              extraction.json                                (extract)
+                             multi_run.json|npz                             (multi-run audit)
+      multi_run/NAME/        the multi-run audit's 2K runs (a fleet)       (multi-run audit)
       report.json, report.html, figures/, tables/                          (report)
+      step_audit.json, step_audit.npz  white-box audit of one step          (validate --step)
 
 A stage that builds a directory (``data/``, ``base/``, ``models/NAME/``) builds it under a
 hidden staging name and renames it into place at the end, so a directory that carries its
@@ -95,9 +98,12 @@ def read_json(path: str | Path) -> Any:
 @contextlib.contextmanager
 def staged_directory(out: str | Path) -> Iterator[Path]:
     """Yield a hidden staging directory beside ``out``; rename it to ``out`` on success
-    (replacing an incomplete ``out``), delete it on any error."""
+    (replacing an incomplete ``out``), delete it on any error. Staging directories of ``out``
+    left by a killed process (SIGKILL cleans nothing up) are deleted first."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
+    for stale in out.parent.glob(f".{out.name}.partial-*"):
+        shutil.rmtree(stale, ignore_errors=True)
     stage = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.partial-"))
     try:
         yield stage
@@ -150,6 +156,7 @@ class ModelDir:
     signals_dir = property(lambda self: self.root / "signals")
     results_dir = property(lambda self: self.root / "results")
     extraction_path = property(lambda self: self.root / "extraction.json")
+    multi_run_path = property(lambda self: self.root / "multi_run.json")
 
     def is_trained(self) -> bool:
         """The model directory was renamed into place by the train stage."""
@@ -235,6 +242,29 @@ class ModelDir:
     def read_extraction(self) -> dict[str, Any] | None:
         return read_json(self.extraction_path) if self.extraction_path.is_file() else None
 
+    def write_multi_run(self, result: dict[str, Any], *, in_scores: Any, out_scores: Any) -> None:
+        """``multi_run.npz`` (the canary's score in each run with it, ``in_scores``, and
+        without it, ``out_scores``), then ``multi_run.json`` (bounds, verdict, runs), last."""
+        import numpy as np
+
+        write_npz_atomic(self.multi_run_path.with_suffix(".npz"), in_scores=np.asarray(in_scores, dtype=np.float64),
+                         out_scores=np.asarray(out_scores, dtype=np.float64))
+        write_json_atomic(self.multi_run_path, {"schema_version": SCHEMA_VERSION, **result})
+
+    def read_multi_run(self) -> dict[str, Any] | None:
+        """The multi-run audit with its ``in_scores`` / ``out_scores`` arrays, or None when not run."""
+        import numpy as np
+
+        if not self.multi_run_path.is_file():
+            return None
+        result = read_json(self.multi_run_path)
+        npz = self.multi_run_path.with_suffix(".npz")
+        try:
+            with np.load(npz, allow_pickle=False) as z:
+                return {**result, "in_scores": z["in_scores"], "out_scores": z["out_scores"]}
+        except (OSError, KeyError, ValueError) as err:
+            raise InputError(f"cannot read {npz}: {err}") from None
+
 
 class RunDir:
     """Every artifact of a run directory: its path, its reader and its writer."""
@@ -283,6 +313,14 @@ class RunDir:
     def read_audit_inputs(self) -> dict[str, Any] | None:
         return read_json(self.audit_inputs_path) if self.audit_inputs_path.is_file() else None
 
+    # the white-box step audit (``dpaudit validate --step --out RUN``)
+    step_audit_path = property(lambda self: self.root / "step_audit.json")
+    step_samples_path = property(lambda self: self.root / "step_audit.npz")
+
+    def read_step_audit(self) -> dict[str, Any] | None:
+        """``step_audit.json``, or None when no step audit was run into this directory."""
+        return read_json(self.step_audit_path) if self.step_audit_path.is_file() else None
+
     # config and manifest
     def write_config(self, config) -> None:
         write_text_atomic(self.config_path, config.to_yaml())
@@ -326,9 +364,18 @@ class RunDir:
         """``canaries.json`` as written (spec, secret space size, canaries)."""
         return read_json(self.data_dir / "canaries.json")
 
+    def read_secrets(self) -> tuple[list, dict | None]:
+        """The secret canaries (``canaries.secrets``, in ``data/secrets.json``) and their spec;
+        ``([], None)`` for a run without them."""
+        from dpaudit.canaries import load_canaries
+
+        path = self.data_dir / "secrets.json"
+        return load_canaries(path) if path.is_file() else ([], None)
+
     @staticmethod
     def write_data(directory: Path, *, split: dict, candidates: list[dict], public: list[dict],
-                   canaries: list, spec: dict, tokenizer) -> None:
+                   canaries: list, spec: dict, tokenizer, secrets: list | None = None,
+                   secret_spec: dict | None = None) -> None:
         """The prepare stage's files, into the staging ``directory`` of :attr:`data_dir`."""
         from dpaudit.canaries import save_canaries
         from dpaudit.data.corpus import save_split
@@ -337,6 +384,8 @@ class RunDir:
         write_jsonl_atomic(directory / "candidates.jsonl", candidates)
         if public:
             write_jsonl_atomic(directory / "public.jsonl", public)
+        if secrets:
+            save_canaries(secrets, directory / "secrets.json", spec=secret_spec)
         tokenizer.save_pretrained(directory / "tokenizer")
         save_canaries(canaries, directory / "canaries.json", spec=spec)  # last: marks data/ complete
 
@@ -358,6 +407,10 @@ class RunDir:
     # models
     def model(self, name: str) -> ModelDir:
         return ModelDir(self.models_dir / name)
+
+    def multi_run_dir(self, name: str) -> Path:
+        """The fleet directory of model ``name``'s multi-run audit (:mod:`dpaudit.stages.multi_run`)."""
+        return self.root / "multi_run" / name
 
     # reference signals
     @property

@@ -1,6 +1,7 @@
 """The tiny sweep end to end: `dpaudit run`, resume after a kill, `attack`, `report`, `audit-model`."""
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -21,8 +22,23 @@ def run_args(out):
     return ["run", "--config", "tiny", "--out", str(out), *(a for s in SETS for a in ("--set", s))]
 
 
+THREADS = 2  # every training of this module, in-process and in the killed subprocess alike
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _threads():
+    """CPU training is bit-for-bit repeatable at a given thread count: pin it for the module
+    (other tests may have changed torch's), and restore it after."""
+    import torch
+
+    saved = torch.get_num_threads()
+    torch.set_num_threads(THREADS)
+    yield
+    torch.set_num_threads(saved)
+
+
 @pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory):
+def tiny_run(tmp_path_factory, _threads):
     out = tmp_path_factory.mktemp("runs") / "tiny"
     code = main([*run_args(out), "--json"])
     assert code in (0, 3)  # the tiny DP models learn too little for a conclusive audit
@@ -62,6 +78,9 @@ def test_run_holds_every_model_with_every_attack(tiny_run):
         assert arrays["members_scores"].shape == arrays["members_labels"].shape
         extraction = json.loads((tiny_run / "models" / name / "extraction.json").read_text())
         assert extraction["included_total"] + extraction["excluded_total"] == 16
+        # the secret canaries are measured for exposure, and never enter the canary split of a bound
+        assert canaries["num_in"] + canaries["num_out"] == 16
+        assert len(extraction["canaries"]) == 4 and {g["repetitions"] for g in extraction["by_repetitions"]} == {0, 1, 4}
     assert len(list((tiny_run / "signals").glob("*.npz"))) == 4  # the fleet's, shared by every model
 
 
@@ -98,6 +117,11 @@ def test_report_has_a_model_entry_per_model(tiny_run):
         # 16 canaries at delta 1e-3: the method cannot see epsilon 2 or 8, so the audit says so
         assert by_name[name]["verdict"]["status"] == "inconclusive"
         assert by_name[name]["audit"]["ceiling"] <= eps
+        # secret canaries by repetition count, each inserted group with its guarantee (a group at note level)
+        groups = {g["repetitions"]: g for g in by_name[name]["extraction"]["secrets"]["groups"]}
+        assert groups[0]["epsilon"] is None and groups[1]["epsilon"] == pytest.approx(eps, rel=1e-3)
+        assert groups[4]["epsilon"] > eps
+    assert (tiny_run / "figures" / "secrets.png").is_file() and (tiny_run / "tables" / "secret_canaries.csv").is_file()
     html = (tiny_run / "report.html").read_text()
     canary = json.loads((tiny_run / "data" / "canaries.json").read_text())["canaries"][0]
     assert canary["text"] not in html  # member texts stay out of the report unless asked for
@@ -110,8 +134,8 @@ def test_interrupted_run_resumes_to_the_same_report(tiny_run, tmp_path):
     same numbers as the uninterrupted run."""
     out = tmp_path / "tiny"
     # same thread count as the uninterrupted run: CPU training is bit-for-bit repeatable at a given count
-    proc = subprocess.Popen([sys.executable, "-m", "dpaudit", *run_args(out)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen([sys.executable, "-m", "dpaudit", *run_args(out)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env={**os.environ, "OMP_NUM_THREADS": str(THREADS)})
     first = out / "models" / MODELS[0] / "model" / "config.json"
     deadline = time.monotonic() + 240
     while not first.exists() and proc.poll() is None and time.monotonic() < deadline:

@@ -11,11 +11,15 @@ Bounds (:mod:`~dpaudit.audit.bounds`), pure functions of counts, keyword-only:
 * :func:`epsilon_one_run` -- Steinke, Nasr, Jagielski 2023 (one run)
 * :func:`epsilon_one_run_fdp` -- Mahloujifar, Melis, Chaudhuri 2025 (one run, f-DP)
 * :func:`epsilon_from_gdp` -- Nasr et al. 2023 with Dong, Roth, Su 2019 (Gaussian DP)
+* ``"order_statistics"`` (:mod:`~dpaudit.audit.bound_order_statistics`) -- Xiang et al.
+  2025 (one run, independent Gaussian channels)
 
 Each bound is registered by name (:func:`register_bound`, :func:`get_bound`,
 :func:`available_bounds`) with its family ("one_run" or "threshold") and whether it is
 *sound* (holds for any (epsilon, delta)-DP mechanism: "one_run", "clopper_pearson") or an
-estimate under a Gaussian trade-off curve ("one_run_fdp", "gdp").
+estimate under an assumption: a Gaussian trade-off curve ("one_run_fdp", "gdp"), or
+independent channels, one per canary ("order_statistics", which a mechanism with shared
+noise breaks).
 
 :class:`CanaryScores` holds in/out canary scores and gives every metric and bound, the
 threshold or guess counts chosen by an explicit strategy (:class:`SplitStrategy`, or
@@ -23,6 +27,11 @@ threshold or guess counts chosen by an explicit strategy (:class:`SplitStrategy`
 each method can give with m canaries; :func:`one_run_ceiling` the largest one run's
 strategy can give. :func:`decide` turns bounds, the claim and the ceiling into a
 :class:`Verdict` ("violated", "consistent", "inconclusive" or "no_claim").
+
+Two samples of a mechanism's output (:mod:`~dpaudit.audit.two_sample`, the white-box step
+audit of Nasr et al. 2023): :func:`two_sample_mu_bound` (a rigorous Gaussian-DP mu bound,
+threshold test chosen on a split, Clopper-Pearson) and :func:`gaussian_mu_estimate` (an
+estimate with its interval under a Gaussian assumption).
 """
 
 from dpaudit.audit.bounds import (
@@ -72,6 +81,12 @@ from dpaudit.audit.strategy import (
     BonferroniStrategy,
     SplitStrategy,
     Strategy,
+)
+from dpaudit.audit.two_sample import (
+    TwoSampleBound,
+    gaussian_mu_estimate,
+    two_sample_mu_bound,
+    two_sample_mu_ceiling,
 )
 from dpaudit.audit.verdict import Verdict, decide, learned
 
@@ -130,4 +145,9 @@ __all__ = [
     # verdict
     "Verdict",
     "decide",
+    # two samples of a mechanism's output (the white-box step audit)
+    "two_sample_mu_bound",
+    "two_sample_mu_ceiling",
+    "gaussian_mu_estimate",
+    "TwoSampleBound",
 ]

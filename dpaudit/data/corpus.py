@@ -14,6 +14,7 @@ held out together (``split_by_unit``), and DP-SGD samples and clips per unit. Wi
 from __future__ import annotations
 
 import json
+import logging
 import os
 import warnings
 from pathlib import Path
@@ -94,12 +95,17 @@ def _load_local(path: Path):
     kwargs: dict[str, Any] = {}
     if files[0].lower().endswith(".tsv"):
         kwargs["delimiter"] = "\t"
+    library_log = logging.getLogger("datasets")
+    level = library_log.level
+    library_log.setLevel(logging.CRITICAL)  # it logs a parser error, then raises it: the InputError below says it once
     try:
         return datasets.load_dataset(builder, data_files=files, split="train", **kwargs)
     except Exception as exc:  # a local file that `datasets` cannot parse is the user's input
         if "corresponds to no data" in str(exc):
             raise InputError(f"the data set is empty: {path} holds no records") from None
         raise InputError(f"could not read {path} as {builder}: {_one_line(exc, innermost=True)}") from None
+    finally:
+        library_log.setLevel(level)
 
 
 def _load_hub(name: str, *, split: str, trust_remote_code: bool):

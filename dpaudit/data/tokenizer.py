@@ -24,6 +24,8 @@ from dpaudit.errors import InputError
 __all__ = ["ENDOFTEXT", "train_tokenizer", "prepare_tokenizer", "load_tokenizer"]
 
 ENDOFTEXT = "<|endoftext|>"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model", "spiece.model",
+                   "vocab.txt")
 
 
 def train_tokenizer(texts: Iterable[str], *, vocab_size: int, seed: int | None = None):
@@ -119,6 +121,9 @@ def load_tokenizer(path: str | os.PathLike, *, trust_remote_code: bool = False):
         s = str(path)
         if p.exists() or s.startswith(("/", "./", "../", "~")):
             raise InputError(f"tokenizer directory not found: {path}")
+    if local and not any((p / name).is_file() for name in TOKENIZER_FILES):
+        # transformers would build an empty tokenizer from config.json alone
+        raise InputError(f"{path} holds no tokenizer (none of {', '.join(TOKENIZER_FILES)})")
     try:
         tok = AutoTokenizer.from_pretrained(
             str(p) if local else str(path),

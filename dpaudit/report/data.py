@@ -19,8 +19,14 @@ Per model (``report["models"][i]``; see ``MODEL_KEYS``):
 - ``audit``: the best *sound* bound (Steinke et al. 2023 one-run, Clopper-Pearson) as chosen
   by :func:`dpaudit.audit.decide`, the one-run ceiling for these canaries
   (:func:`dpaudit.audit.one_run_ceiling`), and, kept apart under ``estimates``, the epsilons
-  of the methods that assume a Gaussian trade-off curve (not sound bounds).
+  of the methods that assume a Gaussian trade-off curve or independent channels (not sound bounds).
 - ``verdict``: :meth:`dpaudit.audit.Verdict.to_dict`.
+
+Run-level ``step_audit``: the white-box audit of one DP-SGD step (``dpaudit validate --step
+--out RUN``, :mod:`dpaudit.stages.validate_step`) when one was run into the directory, else null.
+- ``multi_run``: the multi-run audit (``audit.mode: multi_run``; null otherwise) as
+  :mod:`dpaudit.stages.multi_run` wrote it (Clopper-Pearson bound, GDP estimate, ceiling and
+  verdict over K runs with the canary and K without), without the per-run scores.
 
 Privacy of the report: member texts (canary ``text`` / ``prefix``, free-text fields of
 ``extraction.json``) enter only with ``include_texts=True``.
@@ -60,7 +66,7 @@ UNIT_ADJACENCY = {
 UNIT_LABEL = {"example": "note-level", "user": "patient-level"}
 
 MODEL_KEYS = ("name", "error", "privacy", "dp", "utility", "train_checks", "attacks", "canary_attacks",
-              "audit", "extraction", "verdict", "warnings")
+              "audit", "extraction", "verdict", "multi_run", "warnings")
 DP_KEYS = ("enabled", "noise_multiplier", "sample_rate", "steps", "max_grad_norm", "unit", "delta", "epsilon",
            "accountant", "expected_batch_size", "num_units", "trainer")
 
@@ -108,7 +114,7 @@ def _rate(k: Any, n: Any) -> float | None:
 def _privacy(md: ModelDir, warn) -> tuple[str, dict[str, Any], Any]:
     """(privacy, dp dict, accountant callable delta -> epsilon or None)."""
     dp = dict.fromkeys(DP_KEYS)
-    dp.update(epsilon_logged=None, target_epsilon=None, sampler=None, adjacency=None, sampling_scheme=None,
+    dp.update(epsilon_logged=None, target_epsilon=None, sampler=None, noise=None, adjacency=None, sampling_scheme=None,
               group_epsilon=None, last_iterate_epsilon=None)
     try:
         record = md.read_dp_event()
@@ -123,7 +129,7 @@ def _privacy(md: ModelDir, warn) -> tuple[str, dict[str, Any], Any]:
         dp[k] = _num(record.get(k))
     for k in ("steps", "expected_batch_size", "num_units"):
         dp[k] = _int(record.get(k))
-    for k in ("unit", "accountant", "trainer", "sampler"):
+    for k in ("unit", "accountant", "trainer", "sampler", "noise"):
         dp[k] = record.get(k) if isinstance(record.get(k), str) else None
     dp["enabled"] = not non_private
     dp["adjacency"] = UNIT_ADJACENCY.get(dp["unit"] or "", dp["unit"])
@@ -131,6 +137,9 @@ def _privacy(md: ModelDir, warn) -> tuple[str, dict[str, Any], Any]:
     if non_private:
         return "non_private", dp, None
     dp["epsilon_logged"] = _num(record.get("epsilon"))
+    if dp["noise"] == "reproducible":
+        warn("trained in reproducible mode (train.dp.reproducible: true): its noise and batches follow from the "
+             "run seed, so the model is fine for an audit and not fit for release")
     from dpaudit.accounting import epsilon_from_record
 
     def accountant(delta: float) -> float:
@@ -354,7 +363,7 @@ def _extraction(md: ModelDir, include_texts: bool, warn) -> tuple[dict | None, l
         summary[f"{side}_total"] = _int(ext.get(f"{side}_total"))
         summary[f"{side}_rate"] = _rate(ext.get(f"{side}_extracted"), ext.get(f"{side}_total"))
     rows = []
-    per = ext.get("canaries")
+    per = ext.get("new_token_canaries", ext.get("canaries"))  # "canaries" in files before the secret canaries
     if isinstance(per, Mapping):
         for cid, rec in per.items():
             if not isinstance(rec, Mapping):
@@ -367,6 +376,7 @@ def _extraction(md: ModelDir, include_texts: bool, warn) -> tuple[dict | None, l
                     continue
                 row[k] = v
             rows.append(row)
+    summary.update(_secret_summary(ext))
     summary["patient_secrets"] = None
     patient_rows = []
     ps = ext.get("patient_secrets")
@@ -389,6 +399,37 @@ def _extraction(md: ModelDir, include_texts: bool, warn) -> tuple[dict | None, l
         summary["patient_secrets"] = {"field": str(ps.get("field")) if ps.get("field") is not None else None,
                                       "groups": groups}
     return summary, rows, patient_rows
+
+
+def _secret_summary(ext: Mapping) -> dict[str, Any]:
+    """``secrets`` (exposure and extraction of the secret canaries by repetition count, and
+    per canary: ids and numbers only), ``pii`` and ``k_extractable`` of ``extraction.json``."""
+    out: dict[str, Any] = {"secrets": None, "pii": None, "k_extractable": None}
+    if isinstance(ext.get("by_repetitions"), list) and ext["by_repetitions"]:
+        groups = [{"repetitions": _int(g.get("repetitions")), "num": _int(g.get("num")),
+                   "mean_exposure": _num(g.get("mean_exposure")), "median_exposure": _num(g.get("median_exposure")),
+                   "extracted": _num(g.get("extracted")), "extracted_sampled": _num(g.get("extracted_sampled")),
+                   "epsilon": None}  # the group's guarantee, set by _patient_epsilons for a DP model
+                  for g in ext["by_repetitions"] if isinstance(g, Mapping)]
+        rows = [{"id": str(c.get("id")), "included": bool(c.get("included")), "repetitions": _int(c.get("repetitions")),
+                 "exposure": _num(c.get("exposure")), "rank": _num(c.get("rank")), "extracted": bool(c.get("extracted")),
+                 "sampled_hits": _int(c.get("sampled_hits")), "samples": _int(c.get("samples"))}
+                for c in ext.get("canaries") or [] if isinstance(c, Mapping)]
+        out["secrets"] = {"space_bits": _num(ext.get("space_bits")), "secret_set": str(ext.get("secret_set")),
+                          "exposure_method": str(ext.get("exposure_method")), "groups": groups, "canaries": rows}
+    pii = ext.get("pii")
+    if isinstance(pii, Mapping):
+        out["pii"] = {role: {f: {"num": _int(v.get("num")), "extracted": _int(v.get("extracted")),
+                                 "fraction": _num(v.get("fraction"))}
+                             for f, v in (pii.get(role) or {}).items() if isinstance(v, Mapping)}
+                      for role in ("members", "heldout")}
+    k = ext.get("k_extractable")
+    if isinstance(k, Mapping):
+        out["k_extractable"] = {"k": _int(k.get("k")), "suffix_length": _int(k.get("suffix_length")),
+                                **{role: {"num": _int((k.get(role) or {}).get("num")),
+                                          "fraction": _num((k.get(role) or {}).get("fraction"))}
+                                   for role in ("members", "heldout")}}
+    return out
 
 
 def _last_iterate(rundir: RunDir, name: str, dp: dict, warn) -> float | None:
@@ -415,7 +456,7 @@ def _last_iterate(rundir: RunDir, name: str, dp: dict, warn) -> float | None:
         return None
 
 
-def _patient_epsilons(groups: list[dict], dp: dict, warn) -> None:
+def _patient_epsilons(groups: list[dict], dp: dict, warn, *, key: str = "notes") -> None:
     """Set each patient-secret group's ``epsilon``: the accountant's guarantee, at the run's
     delta, for a patient with that many notes. Patient-level DP protects the patient at the
     model's epsilon whatever the count; note-level DP protects each note, so a patient with k
@@ -424,7 +465,9 @@ def _patient_epsilons(groups: list[dict], dp: dict, warn) -> None:
 
     args = {k: dp[k] for k in ("noise_multiplier", "sample_rate", "steps", "delta")}
     for g in groups:  # "epsilon" stays None where it cannot be computed
-        k = g["notes"]
+        k = g[key]
+        if not k:  # secret canaries never inserted (repetitions 0)
+            continue
         if dp["unit"] == "user" or k == 1:
             g["epsilon"] = dp["epsilon"]
         elif dp["unit"] == "example" and k and None not in args.values():
@@ -432,6 +475,21 @@ def _patient_epsilons(groups: list[dict], dp: dict, warn) -> None:
                 g["epsilon"] = group_epsilon(**args, group_size=k)
             except InputError as err:
                 warn(f"epsilon of a patient with {k} notes not computed: {err}")
+
+
+def _multi_run(md: ModelDir, warn) -> dict[str, Any] | None:
+    """``multi_run.json`` without the per-run scores (they stay in ``multi_run.npz``)."""
+    try:
+        result = md.read_multi_run()
+    except InputError as err:
+        warn(f"multi-run audit unreadable: {err}")
+        return None
+    if result is None:
+        return None
+    status = (result.get("verdict") or {}).get("status")
+    if status == "violated":
+        warn(f"the multi-run audit found a violation: {result['verdict'].get('reason')}")
+    return jsonable({k: v for k, v in result.items() if k not in ("in_scores", "out_scores")})
 
 
 # --------------------------------------------------------------------------- one model
@@ -499,6 +557,8 @@ def _model(rundir: RunDir, name: str, *, include_texts: bool, num_canaries: int 
         dp["last_iterate_epsilon"] = _last_iterate(rundir, name, dp, warn)
     if privacy == "dp" and extraction and extraction.get("patient_secrets"):
         _patient_epsilons(extraction["patient_secrets"]["groups"], dp, warn)
+    if privacy == "dp" and extraction and extraction.get("secrets"):  # r copies of one canary: a group of r notes
+        _patient_epsilons(extraction["secrets"]["groups"], dp, warn, key="repetitions")
     if patient_rows:
         field = extraction["patient_secrets"]["field"]
         patient_rows = [{"model": name, "field": field, **row} for row in patient_rows]
@@ -525,6 +585,7 @@ def _model(rundir: RunDir, name: str, *, include_texts: bool, num_canaries: int 
         "audit": audit,
         "extraction": extraction,
         "verdict": verdict.to_dict(),
+        "multi_run": _multi_run(md, warn),
         "warnings": warnings,
     }
     report_warnings.extend(f"{name}: {w}" for w in warnings)
@@ -612,6 +673,20 @@ def _tpr_warning(models: list[dict], warnings: list[str]) -> None:
                 f"TPR at FPR a needs about 10 / a)")
 
 
+def _step_audit(rundir: RunDir, warnings: list[str]) -> dict | None:
+    """The white-box step audit written by ``dpaudit validate --step --out RUN`` (its
+    ``step_audit.json`` as written, see :mod:`dpaudit.stages.validate_step`), or None."""
+    try:
+        audit = rundir.read_step_audit()
+    except InputError as err:
+        warnings.append(str(err))
+        return None
+    if audit is not None and audit.get("verdict") not in ("violated", "consistent", "inconclusive"):
+        warnings.append(f"{rundir.step_audit_path.name} has no verdict: not a step audit, not reported")
+        return None
+    return jsonable(audit)
+
+
 # --------------------------------------------------------------------------- entry point
 
 
@@ -678,6 +753,9 @@ def assemble(rundir: RunDir, *, include_texts: bool = False, title: str | None =
         "fleet": fleet,
         "canaries": canaries,
         "audit_inputs": jsonable(inputs) if inputs is not None else None,
+        # audit-model: the model-free classifier on the member / non-member split (dpaudit.blind)
+        "blind_baseline": jsonable((inputs or {}).get("blind_baseline")),
+        "step_audit": _step_audit(rundir, warnings),
         "config": jsonable(config),
         "manifest": jsonable(manifest),
         "figures": {},
@@ -692,6 +770,8 @@ def assemble(rundir: RunDir, *, include_texts: bool = False, title: str | None =
         "canaries": _columns_rows(canary_table),
         "extraction": _columns_rows(jsonable(ext_rows)),
         "patient_secrets": _columns_rows(jsonable(patient_rows)),
+        "secret_canaries": _columns_rows(jsonable([{"model": m["name"], **c} for m in models
+                                                   for c in ((m["extraction"] or {}).get("secrets") or {}).get("canaries", [])])),
     }
     tables = {k: v for k, v in tables.items() if v[1]}
     return ReportData(report=report, roc=roc, tables=tables)

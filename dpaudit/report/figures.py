@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
-__all__ = ["FIGURES", "compliance", "utility", "membership", "extraction", "patient_secrets", "roc", "save_figure"]
+__all__ = ["FIGURES", "compliance", "utility", "membership", "extraction", "secrets", "patient_secrets", "roc",
+           "save_figure"]
 
 GUIDE_FPRS = (0.1, 0.01, 0.001)
 UNIT_MARKERS = {"example": "o", "user": "s"}
@@ -257,6 +258,48 @@ def extraction(report: Mapping[str, Any]) -> Figure | None:
     return fig
 
 
+def secrets(report: Mapping[str, Any]) -> Figure | None:
+    """Secret canaries: exposure against the number of inserted copies (0 = never inserted),
+    one line per model, and the mean exposure of the inserted ones against ε."""
+    models = [m for m in report["models"] if ((m["extraction"] or {}).get("secrets") or {}).get("groups")]
+    if not models:
+        return None
+    fig = Figure(figsize=(10.0, 4.0), layout="constrained")
+    left, right = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
+    bits = max((m["extraction"]["secrets"]["space_bits"] or 0) for m in models)
+    for m in models:
+        groups = [g for g in m["extraction"]["secrets"]["groups"] if g["mean_exposure"] is not None]
+        left.plot([g["repetitions"] for g in groups], [g["mean_exposure"] for g in groups], marker=_marker(m),
+                  ls="--" if m["dp"].get("unit") == "user" else "-", label=_label(m["name"]))
+    left.set_xscale("symlog", linthresh=1)
+    left.set_xticks(sorted({g["repetitions"] for m in models for g in m["extraction"]["secrets"]["groups"]}))
+    left.get_xaxis().set_major_formatter("{x:g}")
+    left.set_xlabel("copies inserted (0: never inserted)")
+    left.set_ylabel("mean exposure (bits)")
+    left.set_title("Secret canaries: exposure vs. repetitions", fontsize=9)
+    axis = _EpsAxis(models)
+    series: dict[int, list] = {}
+    for m, x in _points(models, axis):
+        if m["dp"].get("unit") == "user":  # one line per repetition count, over the note-level sweep
+            continue
+        for g in m["extraction"]["secrets"]["groups"]:
+            if g["mean_exposure"] is not None:
+                series.setdefault(g["repetitions"], []).append((x, g["mean_exposure"]))
+    for r, pts in sorted(series.items()):
+        right.plot(*zip(*sorted(pts)), marker="o", color="0.6" if r == 0 else None, ls=":" if r == 0 else "-",
+                   label="controls (never inserted)" if r == 0 else f"{r} cop{'y' if r == 1 else 'ies'}")
+    axis.apply(right)
+    right.set_ylabel("mean exposure (bits)")
+    right.set_title("Secret canaries: exposure vs. ε (note-level models)", fontsize=9)
+    for ax in (left, right):
+        if bits:
+            ax.axhline(bits, color="0.6", ls=":", lw=0.8)
+            ax.set_ylim(-0.5, bits + 1)
+        ax.grid(True, color="0.92")
+        ax.legend(fontsize=7)
+    return fig
+
+
 def patient_secrets(report: Mapping[str, Any]) -> Figure | None:
     """Patient-secret extraction by number of notes per patient, one line per model."""
     models = [m for m in report["models"] if (m["extraction"] or {}).get("patient_secrets")]
@@ -332,5 +375,6 @@ FIGURES = {
     "utility": utility,
     "membership": membership,
     "extraction": extraction,
+    "secrets": secrets,
     "patient_secrets": patient_secrets,
 }

@@ -89,6 +89,15 @@ def _verdicts(r, images):
     return {"models": r["models"], "eps_text": _eps_text}
 
 
+def _multi_run(r, images):
+    models = [m for m in r["models"] if m.get("multi_run")]
+    return {"models": models} if models else None
+
+
+def _step_audit(r, images):
+    return {"a": r["step_audit"]} if r.get("step_audit") else None
+
+
 def _utility(r, images):
     return {"image": images.get("utility"), "models": r["models"], "eps_text": _eps_text}
 
@@ -106,7 +115,10 @@ def _extraction(r, images):
     models = [m for m in r["models"] if m["extraction"]]
     if not models:
         return None
-    return {"image": images.get("extraction"), "models": models, "eps_text": _eps_text}
+    return {"image": images.get("extraction"), "models": models, "eps_text": _eps_text,
+            "secrets_image": images.get("secrets"),
+            "secret_models": [m for m in models if m["extraction"].get("secrets")],
+            "pii_models": [m for m in models if m["extraction"].get("pii") or m["extraction"].get("k_extractable")]}
 
 
 def _units(r, images):
@@ -167,6 +179,8 @@ SECTIONS: tuple[Section, ...] = (
     Section("warnings", _warnings),
     Section("compliance", _compliance),
     Section("verdicts", _verdicts),
+    Section("step_audit", _step_audit),
+    Section("multi_run", _multi_run),
     Section("utility", _utility),
     Section("membership", _membership),
     Section("extraction", _extraction),

@@ -1,6 +1,7 @@
 """The stages of a run, one module each, and :func:`run`, which chains them.
 
-prepare -> train (base, then every model) -> fleet -> attack -> extract -> report.
+prepare -> train (base, then every model) -> fleet -> attack -> extract -> multi-run audit
+(``audit.mode: multi_run`` only) -> report.
 Every stage reads and writes only through :class:`dpaudit.rundir.RunDir`; a stage whose
 artifacts are in place is skipped, so rerunning :func:`run` on the same directory resumes.
 A model that fails is recorded in its ``error.json`` and the run goes on with the others.
@@ -131,7 +132,8 @@ def _fail(result: RunResult, md, stage: str, err: BaseException) -> None:
 
 def attack_run(rundir: RunDir | str | Path, *, config: Config | None = None, data=None,
                attacks: Sequence[str] | None = None) -> RunResult:
-    """Fleet, attack and extract stages for every trained model of a run directory."""
+    """Fleet, attack and extract stages for every trained model of a run directory, and the
+    multi-run audit (``audit.mode: multi_run``) of the models it names."""
     from dpaudit.attacks import available_attacks
     from dpaudit.stages.attack import attack_model, attack_texts, reference_signals, run_delta
     from dpaudit.stages.extract import extract_model
@@ -163,4 +165,15 @@ def attack_run(rundir: RunDir | str | Path, *, config: Config | None = None, dat
             md.clear_error()
         except Exception as err:  # noqa: BLE001
             _fail(result, md, "attack", err)
+    if config.audit.mode == "multi_run":
+        from dpaudit.stages.multi_run import multi_run_model
+
+        for name in config.audit.models or config.model_names():
+            md = rundir.model(name)
+            if not md.is_trained() or name in result.failed:
+                continue
+            try:
+                multi_run_model(rundir, config, name, data, default_delta=delta)
+            except Exception as err:  # noqa: BLE001
+                _fail(result, md, "multi_run", err)
     return result

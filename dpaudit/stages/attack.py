@@ -54,8 +54,8 @@ def split_metrics(
     """AUC (with a bootstrap interval), TPR at FPR, balanced accuracy; with ``bounds_delta``
     also the epsilon lower bounds of a canary audit at ``significance``, each.
 
-    The one-run bounds (Steinke et al. 2023, arXiv 2305.08846; Mahloujifar et al. 2024,
-    arXiv 2410.22235) assume each canary went in with probability 1/2; at any other
+    The one-run bounds (Steinke et al. 2023, arXiv 2305.08846; the estimates of Mahloujifar
+    et al. 2024, arXiv 2410.22235, and Xiang et al. 2025, arXiv 2509.08704) assume each canary went in with probability 1/2; at any other
     ``inclusion_prob`` they are not computed (a guess "in" is right more often than the
     analysis allows, so null scores would give a positive bound) and the split says why.
     ``claimed`` (the DP-SGD parameters of :func:`dpaudit.accounting.dpsgd_parameters`) adds
@@ -74,7 +74,7 @@ def split_metrics(
         "num_out": int((~labels).sum()),
     }
     if bounds_delta is not None:
-        methods = ("one_run", "one_run_fdp", "gdp") if inclusion_prob == 0.5 else ("gdp",)
+        methods = ("one_run", "one_run_fdp", "order_statistics", "gdp") if inclusion_prob == 0.5 else ("gdp",)
         out["epsilon_lower_bounds"] = {
             name: cs.bound(name, delta=bounds_delta, significance=significance).to_dict() for name in methods
         }

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from dpaudit.errors import InputError
-from dpaudit.rundir import RunDir
+from dpaudit.rundir import ModelDir, RunDir, staged_directory
 from dpaudit.stages.attack import run_attacks, split_metrics
 
 
@@ -25,23 +25,56 @@ def read_texts(path: str | Path) -> list[str]:
     if not path.is_file():
         raise InputError(f"text file not found: {path}")
     texts: list[str] = []
-    with path.open(encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            if path.suffix in (".jsonl", ".json"):
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError:
-                    raise InputError(f"{path}:{number} is not valid JSON") from None
-                if not isinstance(record, dict) or not isinstance(record.get("text"), str):
-                    raise InputError(f"{path}:{number} has no string field 'text'")
-                texts.append(record["text"])
-            else:
-                texts.append(line.rstrip("\n"))
+    try:
+        with path.open(encoding="utf-8") as f:
+            for number, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                if path.suffix in (".jsonl", ".json"):
+                    try:
+                        record = json.loads(line)
+                    except json.JSONDecodeError:
+                        raise InputError(f"{path}:{number} is not valid JSON") from None
+                    if not isinstance(record, dict) or not isinstance(record.get("text"), str):
+                        raise InputError(f"{path}:{number} has no string field 'text'")
+                    texts.append(record["text"])
+                else:
+                    texts.append(line.rstrip("\n"))
+    except UnicodeDecodeError as err:
+        raise InputError(f"{path} is not UTF-8 text ({err.reason}): save it as UTF-8") from None
     if not texts:
         raise InputError(f"{path} holds no texts")
     return texts
+
+
+def read_units(path: str | Path) -> list[str] | None:
+    """The ``unit_id`` of every record of a jsonl file (one person's records share one), or
+    None when a record has none (or the file is not jsonl)."""
+    path = Path(path)
+    if path.suffix not in (".jsonl", ".json"):
+        return None
+    units = []
+    with path.open(encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                unit = json.loads(line).get("unit_id")
+                if unit is None:
+                    return None
+                units.append(str(unit))
+    return units
+
+
+def model_free_baseline(members: list[str], nonmembers: list[str], *,
+                        groups: list[str] | None = None) -> dict[str, Any]:
+    """The blind baseline of the split (:func:`dpaudit.blind.blind_baseline`, grouped by
+    ``groups`` when given), or ``{"auc": None, "reason"}`` when a side has too few texts (or
+    groups) to cross-validate."""
+    from dpaudit.blind import blind_baseline
+
+    try:
+        return blind_baseline(members=members, nonmembers=nonmembers, folds=5, seed=0, groups=groups)
+    except InputError as err:
+        return {"auc": None, "auc_ci": None, "shifted": None, "length_differs": None, "reason": str(err)}
 
 
 def audit_model(
@@ -59,10 +92,13 @@ def audit_model(
     progress: bool = True,
 ) -> dict[str, Any]:
     """Every attack the inputs allow, measured on the given members against the given
-    non-members; results in ``OUT/models/<model dir name>/results/``."""
+    non-members; results in ``OUT/models/<model dir name>/results/``. Before the attacks'
+    AUCs mean anything, a model-free classifier is cross-validated on the same split (the
+    blind baseline of Das et al. 2024, arXiv 2406.16201), recorded in ``audit_inputs.json``
+    with each attack's lift over it; no epsilon is ever derived from such a natural split."""
     from dpaudit.attacks import AttackInputs, get_attack
     from dpaudit.data.tokenizer import load_tokenizer
-    from dpaudit.models import load_model
+    from dpaudit.models import check_tokenizer_fits, load_model
     from dpaudit.signals import compute_signals
 
     member_texts, nonmember_texts = read_texts(members), read_texts(nonmembers)
@@ -74,8 +110,11 @@ def audit_model(
         model = load_model(path, trust_remote_code=trust_remote_code)
         try:
             tokenizer = load_tokenizer(path, trust_remote_code=trust_remote_code)
+        except InputError:
+            raise
         except (OSError, ValueError) as err:
             raise InputError(f"{path} has no usable tokenizer: {str(err).splitlines()[0]}") from None
+        check_tokenizer_fits(path, tokenizer, trust_remote_code=trust_remote_code)
         return compute_signals(model, tokenizer, texts, **kw)
 
     target = signals_of(model_dir)
@@ -85,13 +124,22 @@ def audit_model(
 
     rundir = RunDir(out)
     rundir.root.mkdir(parents=True, exist_ok=True)
-    md = rundir.model(Path(model_dir).resolve().name or "model")
     summary = {}
-    for name, s in scores.items():
-        metrics = split_metrics(s, labels, bounds_delta=None, seed=0)
-        md.write_results(name, params=get_attack(name).get_params(), splits={"members": (s, labels, metrics)})
-        summary[name] = metrics
+    # staged: the model's results appear whole or not at all (a full disk leaves the old ones)
+    with staged_directory(rundir.model(Path(model_dir).resolve().name or "model").root) as stage:
+        md = ModelDir(stage)
+        for name, s in scores.items():
+            metrics = split_metrics(s, labels, bounds_delta=None, seed=0)
+            md.write_results(name, params=get_attack(name).get_params(), splits={"members": (s, labels, metrics)})
+            summary[name] = metrics
+    units = [read_units(members), read_units(nonmembers)]
+    blind = model_free_baseline(member_texts, nonmember_texts,
+                                groups=units[0] + units[1] if None not in units else None)
+    if blind.get("auc") is not None:  # below 0.5 the baseline is cross-validation's pessimism: chance, then
+        for metrics in summary.values():
+            metrics["lift_over_blind"] = metrics["auc"] - max(0.5, blind["auc"])
     rundir.write_audit_inputs({
+        "blind_baseline": {**blind, "lift": {name: m.get("lift_over_blind") for name, m in summary.items()}},
         "model": str(model_dir),
         "reference_models": [str(p) for p in reference_models],
         "members": {"path": str(members), "count": len(member_texts)},

@@ -10,7 +10,7 @@ units are split into members and held-out records; each canary goes in with prob
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -38,6 +38,8 @@ class PreparedData:
     train_set: Any  # tokenized members with the included canaries inserted
     eval_set: Any  # tokenized held-out records
     public_set: Any | None  # tokenized public records, or None
+    # Secret Sharer canaries (canaries.secrets): in train_set when included, never attacked
+    secrets: list = field(default_factory=list)
 
 
 def prepare(rundir: RunDir, config: Config, seeds: dict[str, int]) -> None:
@@ -87,12 +89,45 @@ def prepare(rundir: RunDir, config: Config, seeds: dict[str, int]) -> None:
         check_tokenizer_fits(config.model.base_model, tokenizer, trust_remote_code=trust)
     add_canary_tokens(tokenizer, spec)
 
+    secrets, secret_spec = make_secret_canaries(config, seed=seeds["canaries"], main_set=spec["name"])
+
     candidates = [{"text": r["text"], "unit_id": r["unit_id"], "role": role}
                   for role, rows in (("member", members), ("heldout", heldout)) for r in rows]
     public_rows = [{"text": r["text"], "unit_id": r["unit_id"]} for r in public] if public is not None else []
     with staged_directory(rundir.data_dir) as stage:
         RunDir.write_data(stage, split=split, candidates=candidates, public=public_rows, canaries=canaries,
-                          spec=spec, tokenizer=tokenizer)
+                          spec=spec, tokenizer=tokenizer, secrets=secrets, secret_spec=secret_spec)
+
+
+def make_secret_canaries(config: Config, *, seed: int, main_set: str) -> tuple[list, dict | None]:
+    """The secret canaries of ``canaries.secrets`` and their spec: ``num`` Secret Sharer
+    canaries (Carlini et al. 2019, arXiv 1802.08232) per repetition count, distinct secrets;
+    in each group a seeded half (rounded up) is inserted, the rest are controls that the
+    model never saw. They are kept apart from the main set (``data/secrets.json``) so that no
+    attack or epsilon bound ever uses them: a canary repeated r times at note level is a group
+    of r units."""
+    import dataclasses
+    import zlib
+
+    from dpaudit.canaries import load_canary_spec, make_canaries
+
+    sec = config.canaries.secrets
+    if not sec.num:
+        return [], None
+    spec = load_canary_spec(sec.set)
+    if spec["kind"] == "new_token":
+        raise InputError(f"config key canaries.secrets.set must be a random_secret or pii set, got the new_token "
+                         f"set {spec['name']!r}")
+    if spec["name"] == main_set:
+        raise InputError(f"config key canaries.secrets.set names the set of canaries.set ({main_set!r}); "
+                         f"use another set, so that canary ids stay distinct")
+    reps = list(sec.repetitions)
+    made = make_canaries(spec=spec, num_canaries=sec.num * len(reps), seed=seed)
+    rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(zlib.crc32(b"secret-inclusion"),)))
+    inserted = np.concatenate([rng.permutation(sec.num) < (sec.num + 1) // 2 for _ in reps])
+    secrets = [dataclasses.replace(c, repetitions=reps[i // sec.num], included=bool(inserted[i]))
+               for i, c in enumerate(made)]
+    return secrets, spec
 
 
 def load_prepared(rundir: RunDir, config: Config, seeds: dict[str, int]) -> PreparedData:
@@ -105,13 +140,15 @@ def load_prepared(rundir: RunDir, config: Config, seeds: dict[str, int]) -> Prep
     tokenizer = rundir.read_tokenizer()
     candidates = rundir.read_candidates()
     canaries = rundir.read_canaries()
+    secrets = rundir.read_secrets()[0]
 
     def rows(items):
         return datasets.Dataset.from_dict({"text": [r["text"] for r in items], "unit_id": [r["unit_id"] for r in items]})
 
     members = rows([c for c in candidates if c["role"] == "member"])
     heldout = rows([c for c in candidates if c["role"] == "heldout"])
-    train_rows = insert_canaries(members, canaries, seed=seeds["insertion"]) if canaries else members
+    planted = canaries + secrets
+    train_rows = insert_canaries(members, planted, seed=seeds["insertion"]) if planted else members
     kw = dict(max_length=config.data.max_length)
     public = rundir.read_public()
     return PreparedData(
@@ -121,4 +158,5 @@ def load_prepared(rundir: RunDir, config: Config, seeds: dict[str, int]) -> Prep
         train_set=tokenize_dataset(train_rows, tokenizer, **kw),
         eval_set=tokenize_dataset(heldout, tokenizer, **kw),
         public_set=tokenize_dataset(rows(public), tokenizer, **kw) if public else None,
+        secrets=secrets,
     )

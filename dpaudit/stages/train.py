@@ -69,5 +69,9 @@ def train_model(rundir: RunDir, config: Config, name: str, data: PreparedData, *
                              run_dir=stage, eval_dataset=data.eval_set)
         if not hasattr(model, "save_pretrained") or not hasattr(model, "forward"):
             raise InputError(f"trainer {cfg.train.trainer} returned {type(model).__name__}, not a causal LM")
+        broken = [n for n, p in model.named_parameters() if not bool(p.detach().isfinite().all())]
+        if broken:
+            raise InputError(f"trainer {cfg.train.trainer} returned a model with NaN or infinite weights "
+                             f"({len(broken)} tensors, the first {broken[0]})")
         save_model(model, data.tokenizer, stage / "model")
     return md

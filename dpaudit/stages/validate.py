@@ -37,7 +37,7 @@ JSON_KEYS = ("verdict", "reason", "epsilon_lower_bound", "method", "significance
 def validate_config(*, trainer: str, canaries: int | None, config: str | Path, overrides: list[str]) -> Config:
     """The run ``validate`` makes: the chosen preset with one model trained by ``trainer``,
     new-token canaries (unless the overrides say otherwise) and no reference fleet."""
-    sets = ["canaries.set=new_token", "fleet.num_models=0", *overrides, f"models=[{{name: {MODEL}}}]",
+    sets = ["canaries.set=new_token", "canaries.secrets.num=0", "fleet.num_models=0", *overrides, f"models=[{{name: {MODEL}}}]",
             f"train.trainer={trainer}"]
     if canaries is not None:
         if canaries < 2:

@@ -11,10 +11,15 @@ Trainer plug-in contract: ``train(dataset, tokenizer, *, seed) -> PreTrainedMode
   gradient (optional extra ``dpaudit[opacus]``; imported only when asked for);
 - ``dpaudit.train.faulty:*``: deliberately broken DP-SGD variants for validation.
 
+``dpaudit.train:dpsgd_step`` is one DP-SGD update as a step plug-in
+(``step(model, batch, *, generator)``, :mod:`dpaudit.train.step`), the unit that
+``dpaudit validate --step`` audits.
+
 The toolkit's own trainers also accept the keyword-only ``config``, ``run_dir`` and
 ``eval_dataset``; see :mod:`dpaudit.train.loop` for what lands in the run directory.
 """
 
 from dpaudit.train.loop import dpsgd, nonprivate
+from dpaudit.train.step import dpsgd_step
 
-__all__ = ["dpsgd", "nonprivate"]
+__all__ = ["dpsgd", "dpsgd_step", "nonprivate"]

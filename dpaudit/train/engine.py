@@ -34,6 +34,10 @@ Three traps of Hugging Face models are avoided:
   precomputed additive 4-D causal+padding mask, which transformers passes through as is.
 
 GPT-2's ``Conv1D`` layers need nothing special: ``torch.func`` differentiates any module.
+
+:class:`dpaudit.train.ghost.GhostClippingEngine` (the default, ``train.dp.engine: auto``)
+computes the same update without materializing most per-example gradients (ghost clipping
+with book-keeping); this engine is its fallback and reference.
 """
 
 from __future__ import annotations
@@ -46,6 +50,8 @@ from typing import Iterable, Sequence
 import torch
 from torch import Tensor
 from torch.func import functional_call, grad_and_value, vmap
+
+from dpaudit.train.sampling import SecureGenerator
 
 CLIP_EPS = 1e-6  # clip factor C / (||g|| + eps): the clipped norm is strictly below C
 
@@ -244,11 +250,21 @@ class DPSGDEngine(GradientEngine):
     the expected batch size."""
 
     private = True
+    eager_vmap = True  # set up the torch.func path (and eager attention) at construction
 
     def __init__(self, model, **kwargs):
         super().__init__(model, **kwargs)
         self._mask_mode = "2d"
-        self._restore_attention = _use_eager_attention(model)
+        self._restore_attention = lambda: None
+        self._grad_fn = None
+        if self.eager_vmap:
+            self._setup_vmap()
+
+    def _setup_vmap(self) -> None:
+        """Eager attention and the vmapped gradient functions, once."""
+        if self._grad_fn is not None:
+            return
+        self._restore_attention = _use_eager_attention(self.model)
         self._grad_fn = {
             mode: vmap(grad_and_value(self._loss_fn(mode)), in_dims=(None, 0, 0, 0), randomness="different")
             for mode in ("2d", "4d")
@@ -291,6 +307,7 @@ class DPSGDEngine(GradientEngine):
 
     def per_example_gradients(self, batch: Batch) -> tuple[dict[str, Tensor], Tensor]:
         """Gradients of each example's loss, ``{name: (m, *shape)}``, and the losses (m,)."""
+        self._setup_vmap()
         params = {name: p.detach() for name, p in self.params.items()}
         with autocast_context(self.device, self.autocast_dtype):
             try:
@@ -319,6 +336,10 @@ class DPSGDEngine(GradientEngine):
         factors = self.clip_factors(norms)
         for name, g in unit_grads.items():
             total[name] += torch.einsum("k,k...->...", factors, g)
+        self.record_norms(norms, stats)
+
+    def record_norms(self, norms: Tensor, stats: StepStats) -> None:
+        """Add the units' gradient norms (before clipping) to the step's statistics."""
         norms_list = norms.cpu().tolist()
         stats.unit_norms.extend(norms_list)
         stats.nonfinite_units += sum(1 for n in norms_list if not math.isfinite(n))
@@ -380,6 +401,9 @@ class DPSGDEngine(GradientEngine):
         std = self.noise_std()
         if std == 0:
             return summed
+        if isinstance(generator, SecureGenerator):  # secure mode: the noise from the OS CSPRNG
+            return {name: g + std * generator.standard_normal(g.shape, device=g.device, dtype=g.dtype)
+                    for name, g in summed.items()}
         return {
             name: g + std * torch.randn(g.shape, generator=generator, device=g.device, dtype=g.dtype)
             for name, g in summed.items()

@@ -73,6 +73,7 @@ from dpaudit.train.loop import (
     run_training,
     sample_rate,
 )
+from dpaudit.train.step import make_step
 
 MICROSTEPS = 4  # k: gradient-accumulation micro-steps per logical step, for the micro-step variants
 
@@ -355,4 +356,23 @@ reused_noise = _trainer("reused_noise")
 
 FAULTY_TRAINERS = {key: globals()[key] for key in SPECS}
 
-__all__ = ["CONSERVATIVE", "DESCRIPTIONS", "FAULTY_TRAINERS", *SPECS]
+# One update of each faulty engine as a step plug-in for ``dpaudit validate --step``
+# (:func:`dpaudit.train.step.make_step`: the engine, then plain SGD), named ``KEY_step``.
+# ``reused_noise_step`` keeps its noise vector from one call to the next, as the trainer keeps
+# it from one step to the next. ``shuffle_as_poisson`` and ``microstep_accounting`` have no
+# step of their own: their update is the correct one (the bug is in sampling / accounting).
+FAULTY_STEPS = {key: make_step(SPECS[key].engine, keep=("_noise",) if key == "reused_noise" else (),
+                               name=f"{key}_step")
+                for key in SPECS if key not in ("shuffle_as_poisson", "microstep_accounting")}
+no_noise_step = FAULTY_STEPS["no_noise"]
+unscaled_noise_step = FAULTY_STEPS["unscaled_noise"]
+batch_clipping_step = FAULTY_STEPS["batch_clipping"]
+realised_batch_size_step = FAULTY_STEPS["realised_batch_size"]
+mean_noise_on_sum_step = FAULTY_STEPS["mean_noise_on_sum"]
+noisy_microsteps_step = FAULTY_STEPS["noisy_microsteps"]
+nonfinite_passthrough_step = FAULTY_STEPS["nonfinite_passthrough"]
+unclipped_params_step = FAULTY_STEPS["unclipped_params"]
+reused_noise_step = FAULTY_STEPS["reused_noise"]
+
+__all__ = ["CONSERVATIVE", "DESCRIPTIONS", "FAULTY_STEPS", "FAULTY_TRAINERS", *SPECS,  # noqa: PLE0604
+           *(f"{key}_step" for key in FAULTY_STEPS)]

@@ -27,7 +27,8 @@ Run directory (when ``run_dir`` is given):
 - ``dp_event.json``: ``{"schema_version", "trainer", "event" (a plain dict, see
   :func:`dpaudit.accounting.event_to_dict`), "accountant", "delta", "epsilon", "unit",
   "num_units", "sample_rate", "steps", "noise_multiplier", "max_grad_norm",
-  "expected_batch_size", "target_epsilon", "sampler"}``. Non-private training writes the
+  "expected_batch_size", "target_epsilon", "sampler", "noise"}`` (``noise``: ``secure``,
+  ``reproducible`` or null; a reproducible record also has a ``warning``). Non-private training writes the
   same keys with ``event = {"type": "non_private"}`` and ``epsilon = null`` (infinity),
   so later stages always find one. Recompute epsilon with
   :func:`dpaudit.accounting.epsilon_from_record`, do not trust the logged one.
@@ -35,15 +36,26 @@ Run directory (when ``run_dir`` is given):
 - ``checkpoints/step-N/`` every ``checkpoint_every`` steps (``save_pretrained`` of the
   model, adapters only with LoRA, and of the tokenizer).
 
-Determinism: given the seed, training on CPU is bit-for-bit repeatable. Every random
-stream comes from ``numpy.random.SeedSequence(seed).spawn``; torch's global RNG (used by
-dropout, if the model has any) is forked, seeded and restored around training.
+Noise nobody can replay. DP training is in secure mode by default (``train.dp.reproducible:
+false``, Opacus calls it ``secure_mode``): the Poisson batches are drawn from the operating
+system's CSPRNG (:class:`~dpaudit.train.sampling.OSRandom`), and so is the Gaussian noise of
+the DP-SGD engine (:class:`~dpaudit.train.sampling.SecureGenerator`); nothing is recorded, so
+the files of a run do not let anyone regenerate its noise. Engines that call ``torch.randn``
+with the generator themselves get torch's generator re-seeded from the OS at every step
+(docs/security.md). ``reproducible: true`` seeds both from the run
+seed, for audits and tests; such a model carries :data:`RELEASE_WARNING` in its config.json.
+
+Determinism: given the seed, training on CPU is bit-for-bit repeatable in reproducible mode
+(and always for non-private training). Every random stream comes from
+``numpy.random.SeedSequence(seed).spawn``; torch's global RNG (used by dropout, if the model
+has any) is forked, seeded and restored around training.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import sys
 import time
 import warnings
 from dataclasses import dataclass
@@ -56,7 +68,7 @@ from dpaudit import accounting
 from dpaudit.config import Config, DPConfig, TrainConfig, load_config, validate
 from dpaudit.errors import InputError
 from dpaudit.progress import Progress
-from dpaudit.rundir import DP_EVENT, TRAIN_CHECKS, TRAIN_LOG, staged_directory, write_json_atomic
+from dpaudit.rundir import DP_EVENT, TRAIN_CHECKS, TRAIN_LOG, atomic_file, staged_directory, write_json_atomic
 from dpaudit.train import checks
 from dpaudit.train.engine import (
     DPSGDEngine,
@@ -67,9 +79,20 @@ from dpaudit.train.engine import (
     forward_logits,
     token_nll,
 )
-from dpaudit.train.sampling import PoissonSampler, RunSeeds, ShuffleSampler
+from dpaudit.train.ghost import choose_engine
+from dpaudit.train.sampling import OSRandom, PoissonSampler, RunSeeds, SecureGenerator, ShuffleSampler, os_seed
 
 SCHEMA_VERSION = 1
+RELEASE_WARNING = ("trained in reproducible mode (train.dp.reproducible: true): its DP noise and Poisson batches "
+                   "follow from the run seed, so anyone with the seed can replay them; not fit for release")
+
+
+def noise_mode(private: bool, dp: DPConfig) -> str | None:
+    """``"secure"`` (noise and sampling from OS entropy, the default of DP training),
+    ``"reproducible"`` (both from the run seed) or None (non-private training: no noise)."""
+    if not private:
+        return None
+    return "reproducible" if dp.reproducible else "secure"
 
 
 # --------------------------------------------------------------------------- trainer spec
@@ -391,8 +414,12 @@ def run_training(
         torch.manual_seed(seeds.torch)
         model = make_model(config.model, tokenizer, seed=seeds.model).to(device)
         model.train()
-        engine = spec.engine(
+        # train.dp.engine: ghost clipping or the vmap engine, for the plain DP-SGD engine only
+        engine_class, engine_options = (choose_engine(spec.engine, train.dp.engine) if spec.private
+                                        else (spec.engine, {}))
+        engine = engine_class(
             model,
+            **engine_options,
             expected_batch_size=train.batch_size,
             microbatch_size=train.microbatch_size,
             pad_id=pad_id,
@@ -421,6 +448,8 @@ def run_training(
             )
         finally:
             engine.close()
+    if plan is not None and train.dp.reproducible:  # the warning travels in the model's config.json
+        model.config.dpaudit_warning = RELEASE_WARNING
     return model
 
 
@@ -433,17 +462,20 @@ def _loop(*, model, tokenizer, engine, spec, train, data, steps, plan, seeds, de
         optimizer,
         lambda s: lr_factor(s, schedule=train.schedule, warmup_steps=train.warmup_steps, total_steps=steps),
     )
-    rng = seeds.numpy_generator()
+    # secure mode: batches from the OS CSPRNG, noise re-seeded from it every step; nothing recorded
+    secure = noise_mode(plan is not None, train.dp) == "secure"
+    rng = OSRandom() if secure else seeds.numpy_generator()
     if spec.sampler == "poisson":
         q = plan.sample_rate if plan else sample_rate(train.batch_size, data.num_units)
         sampler = PoissonSampler(num_units=data.num_units, sample_rate=q, generator=rng)
     else:
         sampler = ShuffleSampler(num_units=data.num_units, batch_size=train.batch_size, generator=rng)
-    noise_generator = seeds.noise_generator(device)
+    noise_generator = SecureGenerator(device) if secure else seeds.noise_generator(device)
 
     batch_sizes: list[int] = []
     nonfinite = {"updates": 0, "unit_gradients": 0, "losses": 0}
-    log = open(out / TRAIN_LOG, "w") if out is not None else None
+    log_writer = atomic_file(out / TRAIN_LOG) if out is not None else None  # in place only when training ends
+    log = log_writer.__enter__() if log_writer is not None else None
     started = time.perf_counter()
     bar = Progress(total=steps, desc="train")
     eval_kwargs = dict(batch_size=train.microbatch_size, pad_id=pad_id, device=device, autocast_dtype=autocast_dtype)
@@ -463,7 +495,13 @@ def _loop(*, model, tokenizer, engine, spec, train, data, steps, plan, seeds, de
             chosen = sampler.sample()
             units = [[data.sequences[r] for r in data.units[u]] for u in chosen]
             lr = scheduler.get_last_lr()[0]
+            if secure:
+                noise_generator.manual_seed(os_seed())
             stats = engine.step(units, noise_generator)
+            bad = sum(1 for x in stats.losses if not math.isfinite(x))
+            if bad:
+                raise InputError(f"training diverged: the loss is NaN or infinite at step {step} of {steps} "
+                                 f"({bad} of {len(stats.losses)} examples); lower train.lr or check the data")
             grads = [p.grad for p in params.values() if p.grad is not None]
             if grads and not bool(torch.isfinite(torch.stack([g.float().sum() for g in grads])).all()):
                 nonfinite["updates"] += 1
@@ -498,8 +536,8 @@ def _loop(*, model, tokenizer, engine, spec, train, data, steps, plan, seeds, de
                 save_checkpoint(model, tokenizer, out / "checkpoints" / f"step-{step}")
     finally:
         bar.close()
-        if log is not None:
-            log.close()
+        if log_writer is not None:
+            log_writer.__exit__(*sys.exc_info())
 
     if out is None:
         return
@@ -513,14 +551,21 @@ def _loop(*, model, tokenizer, engine, spec, train, data, steps, plan, seeds, de
         # a DP trainer claims Poisson sampling, whatever it does: the batch sizes must tell
         sampler="poisson" if spec.private else spec.sampler,
     )
-    summary["seeds"] = seeds.to_dict()
+    # secure mode: the noise and the batches came from the OS, not from these seeds
+    summary["seeds"] = {**seeds.to_dict(), "noise": None} if secure else seeds.to_dict()
+    summary["noise"] = noise_mode(plan is not None, train.dp)
     write_json_atomic(out / TRAIN_CHECKS, summary)
-    write_json_atomic(out / DP_EVENT, dp_record(spec, plan, num_units=data.num_units, steps=steps, batch_size=train.batch_size))
+    write_json_atomic(out / DP_EVENT, dp_record(spec, plan, num_units=data.num_units, steps=steps,
+                                                batch_size=train.batch_size, noise=noise_mode(plan is not None, train.dp)))
 
 
-def dp_record(spec: TrainerSpec, plan: PrivacyPlan | None, *, num_units: int, steps: int, batch_size: int) -> dict:
-    """The content of ``dp_event.json`` (see the module docstring)."""
-    common = {"schema_version": SCHEMA_VERSION, "trainer": spec.name}
+def dp_record(spec: TrainerSpec, plan: PrivacyPlan | None, *, num_units: int, steps: int, batch_size: int,
+              noise: str | None = None) -> dict:
+    """The content of ``dp_event.json`` (see the module docstring); ``noise`` is the mode of
+    :func:`noise_mode`, and a reproducible run's record carries :data:`RELEASE_WARNING`."""
+    common = {"schema_version": SCHEMA_VERSION, "trainer": spec.name, "noise": noise}
+    if noise == "reproducible":
+        common["warning"] = RELEASE_WARNING
     if plan is None:
         import dp_accounting
 

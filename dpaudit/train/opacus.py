@@ -111,3 +111,29 @@ def dpsgd(dataset, tokenizer, *, seed: int, config: Config | None = None, run_di
 
 
 dpsgd.claims_dp = True
+
+
+def dpsgd_step(model, batch, *, generator, noise_multiplier: float, max_grad_norm: float,
+               expected_batch_size: int, lr: float = 0.1) -> None:
+    """One update by Opacus's own optimizer step, as a step plug-in (:mod:`dpaudit.train.step`):
+    ``GradSampleModule`` per-sample gradients of the mean per-example loss, then
+    ``DPOptimizer(SGD).step()``, which clips each to ``max_grad_norm``, sums, adds
+    N(0, noise_multiplier^2 max_grad_norm^2 I) drawn from ``generator`` and divides by
+    ``expected_batch_size`` (Yousefpour et al. 2021, arXiv 2109.12298). Position ids are
+    passed explicitly (the GPT-2 fix above)."""
+    GradSampleModule, DPOptimizer = _import_opacus()
+    params = [p for p in model.parameters() if p.requires_grad]
+    gsm = GradSampleModule(model, batch_first=True, loss_reduction="mean", strict=False)
+    optimizer = DPOptimizer(torch.optim.SGD(params, lr=lr), noise_multiplier=noise_multiplier,
+                            max_grad_norm=max_grad_norm, expected_batch_size=expected_batch_size,
+                            loss_reduction="mean", generator=generator)
+    try:
+        rows = [row[m.bool()] for row, m in zip(batch["input_ids"], batch["attention_mask"])]
+        collated = collate(rows, pad_id=0, device=next(model.parameters()).device)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Full backward hook is firing")
+            example_losses(forward_logits(model, collated), collated.labels).mean().backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    finally:
+        gsm.remove_hooks()

@@ -6,11 +6,15 @@ the realised batch size is Binomial(N, q) and may be zero. :class:`ShuffleSample
 usual non-private scheme: epochs of random permutations cut into batches of exactly B
 units (the permutations run on across epoch boundaries, so no batch is short).
 
-Both draw from a seeded ``numpy.random.Generator`` and never touch global RNG state.
+Both draw from a seeded ``numpy.random.Generator`` (reproducible mode) or from
+:class:`OSRandom`, the operating system's CSPRNG (secure mode, the default of DP-SGD), and
+never touch global RNG state.
 """
 
 from __future__ import annotations
 
+import math
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -56,13 +60,53 @@ class RunSeeds:
         return {"seed": self.seed, "model": self.model, "noise": self.noise, "torch": self.torch}
 
 
+class OSRandom:
+    """Uniform draws straight from the operating system's cryptographically secure generator
+    (``os.urandom``): nothing is seeded, so nothing recorded can replay the draws. It offers
+    the two ``numpy.random.Generator`` methods the samplers use. Secure mode of DP-SGD
+    samples its Poisson batches from it (as Opacus' ``secure_mode`` does with torchcsprng)."""
+
+    def random(self, size: int) -> np.ndarray:
+        """``size`` floats uniform on [0, 1), each from 53 random bits."""
+        raw = np.frombuffer(os.urandom(8 * int(size)), dtype=np.uint64)
+        return (raw >> np.uint64(11)).astype(np.float64) * 2.0**-53
+
+    def permutation(self, n: int) -> np.ndarray:
+        """A uniformly random permutation of ``range(n)`` (the order of 53-bit random keys)."""
+        return np.argsort(self.random(n), kind="stable")
+
+
+class SecureGenerator(torch.Generator):
+    """A ``torch.Generator`` for secure mode whose :meth:`standard_normal` draws come from the
+    operating system's CSPRNG (``os.urandom``, Box-Muller on 53-bit uniforms), so the DP noise
+    can be neither replayed nor predicted from earlier draws. Code that passes it to
+    ``torch.randn`` instead gets torch's generator, which the loop re-seeds from the OS at
+    every step (:func:`os_seed`)."""
+
+    def standard_normal(self, shape, *, device=None, dtype=torch.float32) -> torch.Tensor:
+        """``N(0, 1)`` draws of ``shape``, made on the CPU in float64 and moved to ``device``."""
+        n = math.prod(shape)
+        pairs = (n + 1) // 2
+        raw = np.frombuffer(os.urandom(16 * pairs), dtype=np.uint64).reshape(2, pairs) >> np.uint64(11)
+        radius = np.sqrt(-2.0 * np.log((raw[0].astype(np.float64) + 0.5) * 2.0**-53))  # uniform in (0, 1)
+        angle = (2.0 * np.pi * 2.0**-53) * raw[1].astype(np.float64)
+        z = np.concatenate([radius * np.cos(angle), radius * np.sin(angle)])[:n]
+        return torch.from_numpy(z).reshape(shape).to(device=device, dtype=dtype)
+
+
+def os_seed() -> int:
+    """A fresh 63-bit seed from the operating system's CSPRNG; secure mode re-seeds the
+    noise generator with one at every step and records none of them."""
+    return int.from_bytes(os.urandom(8), "little") >> 1
+
+
 class PoissonSampler:
     """Each of ``num_units`` units joins each batch independently with probability
     ``sample_rate``. Yields sorted arrays of unit indices; empty arrays do occur."""
 
     kind = "poisson"
 
-    def __init__(self, *, num_units: int, sample_rate: float, generator: np.random.Generator):
+    def __init__(self, *, num_units: int, sample_rate: float, generator: np.random.Generator | OSRandom):
         if num_units < 1:
             raise InputError("cannot sample from an empty set of units")
         if not 0 < sample_rate <= 1:
@@ -81,7 +125,7 @@ class ShuffleSampler:
 
     kind = "shuffle"
 
-    def __init__(self, *, num_units: int, batch_size: int, generator: np.random.Generator):
+    def __init__(self, *, num_units: int, batch_size: int, generator: np.random.Generator | OSRandom):
         if num_units < 1:
             raise InputError("cannot sample from an empty set of units")
         if batch_size < 1:

@@ -141,7 +141,7 @@ def test_results_are_frozen_and_json_ready():
     cs = gaussian(seed=5)
     report = cs.audit(delta=DELTA)
     blob = json.loads(json.dumps(report.to_dict(), allow_nan=False))
-    assert [b["method"] for b in blob["bounds"]] == ["clopper_pearson", "gdp", "one_run", "one_run_fdp"]
+    assert [b["method"] for b in blob["bounds"]] == ["clopper_pearson", "gdp", "one_run", "one_run_fdp", "order_statistics"]
     assert blob["score_convention"] == "higher = member"
     assert [t["fpr"] for t in blob["tpr_at_fpr"]] == [0.1, 0.01, 0.001]
     assert blob["tpr_at_fpr"][2]["value"] is None  # 600 canaries: too few for FPR 0.001
@@ -160,7 +160,7 @@ def test_results_are_frozen_and_json_ready():
 def test_dataframe_view_is_lazy():
     pytest.importorskip("pandas")
     df = gaussian(seed=6).audit(delta=DELTA).to_dataframe()
-    assert list(df["method"]) == ["clopper_pearson", "gdp", "one_run", "one_run_fdp"]
+    assert list(df["method"]) == ["clopper_pearson", "gdp", "one_run", "one_run_fdp", "order_statistics"]
 
 
 def test_package_imports_neither_torch_nor_pandas():

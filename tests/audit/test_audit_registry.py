@@ -36,14 +36,15 @@ def separated(m=100):
     return CanaryScores(in_scores=np.arange((m + 1) // 2) + 10.0, out_scores=-np.arange(m // 2) - 1.0)
 
 
-# ---------------------------------------------------------------------- the four
-def test_the_four_bounds_are_registered_with_family_soundness_and_paper():
-    assert available_bounds() == ["clopper_pearson", "gdp", "one_run", "one_run_fdp"]
+# ---------------------------------------------------------------------- the five
+def test_the_five_bounds_are_registered_with_family_soundness_and_paper():
+    assert available_bounds() == ["clopper_pearson", "gdp", "one_run", "one_run_fdp", "order_statistics"]
     want = {
         "clopper_pearson": ("threshold", True, "Jagielski et al. 2020", "2006.07709"),
         "one_run": ("one_run", True, "Steinke et al. 2023", "2305.08846"),
         "one_run_fdp": ("one_run", False, "Mahloujifar et al. 2025", "2410.22235"),
         "gdp": ("threshold", False, "Nasr et al. 2023", "2302.07956"),
+        "order_statistics": ("one_run", False, "Xiang et al. 2025", "2509.08704"),
     }
     for name, (family, sound, paper, arxiv) in want.items():
         spec = get_bound(name)
@@ -181,7 +182,7 @@ def test_sound_bounds_print_a_lower_bound_and_estimates_say_they_are_not_one():
         else:
             assert "epsilon >=" not in text
             assert f"epsilon estimate {res.epsilon:.3f}" in text
-            assert "under a Gaussian trade-off curve (not a sound lower bound)" in text
+            assert f"under {get_bound(name).assumes} (not a sound lower bound)" in text
             assert "mu >= " in text
         blob = json.loads(json.dumps(res.to_dict(), allow_nan=False))
         assert blob["sound"] is res.sound and blob["arxiv"] == get_bound(name).arxiv
@@ -189,7 +190,7 @@ def test_sound_bounds_print_a_lower_bound_and_estimates_say_they_are_not_one():
 
 def test_report_summary_marks_the_estimates():
     text = separated(100).audit(delta=DELTA).summary()
-    assert text.count("not a sound lower bound") == 2
+    assert text.count("not a sound lower bound") == 3
     assert text.count("epsilon >= ") == 2
 
 

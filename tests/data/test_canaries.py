@@ -153,6 +153,22 @@ def test_new_token_canaries_are_single_unseen_ids():
     assert C.add_canary_tokens(tok, "random_secret") == 0  # other kinds add nothing
 
 
+def test_distinct_new_token_canaries_share_no_token():
+    spec = C.load_canary_spec("new_token")
+    spec["secret"] = {**spec["secret"], "pool_size": 400, "length": 4, "distinct": True}
+    canaries = C.make_canaries(spec=spec, num_canaries=100, seed=2)
+    tokens = [t for c in canaries for t in re.findall(r"<\|canary_\d{4}\|>", c.secret)]
+    assert len(tokens) == 400 and len(set(tokens)) == 400  # the whole pool, each token once
+    assert [c.secret for c in C.make_canaries(spec=spec, num_canaries=100, seed=2)] == [c.secret for c in canaries]
+    shared = C.make_canaries(spec={**spec, "secret": {**spec["secret"], "distinct": False}}, num_canaries=100, seed=2)
+    assert len({t for c in shared for t in re.findall(r"<\|canary_\d{4}\|>", c.secret)}) < 400
+    assert [c.included for c in shared] == [c.included for c in canaries]  # inclusion does not depend on contents
+    with pytest.raises(InputError, match="need a pool of 404 tokens"):
+        C.make_canaries(spec=spec, num_canaries=101, seed=2)
+    with pytest.raises(InputError, match="secret.distinct must be true or false"):
+        C.validate_canary_spec({**spec, "secret": {**spec["secret"], "distinct": "yes"}})
+
+
 def test_insert_canaries():
     ds = load_corpus(source="clinical", num_patients=30, seed=0)
     members, _, _ = split_by_unit(ds, seed=0)

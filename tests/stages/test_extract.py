@@ -23,15 +23,12 @@ from dpaudit.stages.extract import (
 GROUP_KEYS = ["notes", "member_patients", "heldout_patients", "member_mean_logprob", "heldout_mean_logprob",
               "member_extracted", "heldout_extracted"]
 CONFIG = SimpleNamespace(attack=SimpleNamespace(batch_size=8), train=SimpleNamespace(device="cpu"),
-                         data=SimpleNamespace(max_length=128))
+                         data=SimpleNamespace(max_length=128), seed=0,
+                         extract=SimpleNamespace(samples=4, temperature=1.0, k=8, suffix_length=4, max_records=1000),
+                         canaries=SimpleNamespace(secrets=SimpleNamespace(enumerate_limit=1000, sample_size=100)))
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def make_run(root, candidates, *, train_steps=0):
@@ -114,7 +111,27 @@ def test_patient_secrets_agree_with_a_naive_loop(tmp_path, clinical_candidates):
     assert result["method"] == "greedy decoding from the canary prefix"
     assert result["included_extracted"] == int(hit[inc].sum()) and result["included_total"] == int(inc.sum())
     assert result["excluded_extracted"] == int(hit[~inc].sum()) and result["excluded_total"] == int((~inc).sum())
-    assert result["canaries"] == {c.id: {"extracted": bool(h)} for c, h in zip(canaries, hit)}
+    assert result["new_token_canaries"] == {c.id: {"extracted": bool(h)} for c, h in zip(canaries, hit)}
+
+    # PII fields and k-extractable records against the library calls, note by note
+    from dpaudit.extraction import k_extractable
+    from dpaudit.stages.extract import pii_notes
+
+    for field in ("mrn", "phone"):
+        notes = pii_notes(clinical_candidates, field)
+        for role, key in (("member", "members"), ("heldout", "heldout")):
+            mine = [n for n in notes if n["role"] == role
+                    and len(tok(n["prefix"] + n["target"], add_special_tokens=False)["input_ids"]) <= 128]
+            hits = greedy_extracted(model, tok, prefixes=[n["prefix"] for n in mine],
+                                    targets=[n["target"] for n in mine], device="cpu") if mine else []
+            assert result["pii"][key][field] == {"num": len(mine), "extracted": int(np.sum(hits)),
+                                                 "fraction": float(np.mean(hits)) if mine else None}
+    for role, key in (("member", "members"), ("heldout", "heldout")):
+        texts = [c["text"] for c in clinical_candidates if c["role"] == role]
+        hit = k_extractable(model, tok, texts=texts, k=8, suffix_length=4, device="cpu")
+        assert result["k_extractable"][key] == {"num": len(texts), "extracted": int(hit.sum()),
+                                                "fraction": float(hit.mean())}
+    assert result["pii"]["members"]["mrn"]["extracted"] > result["pii"]["heldout"]["mrn"]["extracted"]
 
     # patient secrets: schema
     ps = result["patient_secrets"]

@@ -1,5 +1,8 @@
-"""The DP-SGD engine against brute force: per-example and per-user clipped gradients, the
-non-private limit, the noise scale, empty batches."""
+"""The DP-SGD engines against brute force: per-example and per-user clipped gradients, the
+non-private limit, the noise scale, empty batches. Every DP test runs on both engines: the
+``torch.func`` vmap engine and ghost clipping (with every eligible layer ghosted, every one
+materialized, or the default per-layer choice), so a clipping bug of either path fails
+against the loop."""
 
 from __future__ import annotations
 
@@ -9,7 +12,10 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, OPTConfig, OPTForCausalLM
 
+from dpaudit.config import load_config
+from dpaudit.errors import InputError
 from dpaudit.train.engine import DPSGDEngine, NonPrivateEngine, collate, trainable_parameters
+from dpaudit.train.ghost import GhostClippingEngine, choose_engine
 
 VOCAB = 97
 
@@ -49,9 +55,21 @@ def sequences(lengths, seed=0):
     return [torch.randint(2, VOCAB, (n,), generator=g) for n in lengths]
 
 
-def engine(model, cls=DPSGDEngine, *, B=4, microbatch=3, sigma=0.0, C=math.inf, pad_id=0):
+# the DP engines under test: name -> (class, extra keyword arguments)
+DP_ENGINES = {
+    "vmap": (DPSGDEngine, {}),
+    "ghost": (GhostClippingEngine, {"layers": "ghost", "fallback": False}),
+    "ghost-materialized": (GhostClippingEngine, {"layers": "materialize", "fallback": False}),
+    "ghost-mixed": (GhostClippingEngine, {"fallback": False}),  # the default: per layer
+}
+
+
+def engine(model, cls=DPSGDEngine, *, B=4, microbatch=3, sigma=0.0, C=math.inf, pad_id=0, **options):
+    if isinstance(cls, str):
+        cls, extra = DP_ENGINES[cls]
+        options = {**extra, **options}
     return cls(model, expected_batch_size=B, microbatch_size=microbatch, pad_id=pad_id,
-               noise_multiplier=sigma, max_grad_norm=C)
+               noise_multiplier=sigma, max_grad_norm=C, **options)
 
 
 def single_gradient(model, seq):
@@ -95,8 +113,9 @@ def test_per_example_gradients_match_single_examples(arch):
     eng.close()
 
 
-@pytest.mark.parametrize("arch", ["gpt2", "llama"])
-def test_clipped_sum_matches_brute_force(arch):
+@pytest.mark.parametrize("kind", list(DP_ENGINES))
+@pytest.mark.parametrize("arch", ["gpt2", "llama", "opt"])
+def test_clipped_sum_matches_brute_force(arch, kind):
     model = build(arch)
     seqs = sequences([8, 3, 6, 5, 2, 7, 4])
     norms = [clip(single_gradient(model, s), 1.0)[1] for s in seqs]
@@ -105,17 +124,20 @@ def test_clipped_sum_matches_brute_force(arch):
     for seq in seqs:
         clipped, _ = clip(single_gradient(model, seq), C)
         expected = clipped if expected is None else add(expected, clipped)
-    eng = engine(model, C=C, microbatch=3)
+    eng = engine(model, kind, C=C, microbatch=3)
     summed, stats = eng.summed_gradients([[s] for s in seqs])
     assert_close(summed, expected)
+    assert not getattr(eng, "use_vmap", False)  # the ghost engine did not fall back
     assert stats.num_units == len(seqs) and stats.num_examples == len(seqs)
     assert 0 < stats.clipped_units < len(seqs)
     assert sorted(stats.unit_norms) == pytest.approx(sorted(norms), rel=1e-4)
     eng.close()
 
 
-def test_per_user_gradients_sum_before_clipping():
-    model = build("gpt2")
+@pytest.mark.parametrize("kind", ["vmap", "ghost"])
+@pytest.mark.parametrize("arch", ["gpt2", "llama", "opt"])
+def test_per_user_gradients_sum_before_clipping(arch, kind):
+    model = build(arch)
     seqs = sequences([5, 8, 3, 6, 2, 7, 4, 9, 3], seed=3)
     users = [[seqs[0]], seqs[1:6], seqs[6:8], [seqs[8]]]  # user 1 spans several micro-batches
     C = 0.5
@@ -129,19 +151,21 @@ def test_per_user_gradients_sum_before_clipping():
         clipped, norm = clip(grads, C)
         user_norms.append(norm)
         expected = clipped if expected is None else add(expected, clipped)
+    # ghost: micro-batch 2 sends user 1 (5 rows) down the materializing path, 16 packs all
     for microbatch in (2, 3, 16):
-        eng = engine(model, C=C, microbatch=microbatch)
+        eng = engine(model, kind, C=C, microbatch=microbatch)
         summed, stats = eng.summed_gradients(users)
         assert_close(summed, expected)
         assert stats.num_units == 4 and stats.num_examples == 9
-        assert stats.unit_norms == pytest.approx(user_norms, rel=1e-4)
+        assert sorted(stats.unit_norms) == pytest.approx(sorted(user_norms), rel=1e-4)
         eng.close()
 
 
-def test_dp_path_without_noise_or_clipping_equals_nonprivate_sgd():
+@pytest.mark.parametrize("kind", ["vmap", "ghost"])
+def test_dp_path_without_noise_or_clipping_equals_nonprivate_sgd(kind):
     seqs = sequences([6, 9, 3, 7], seed=5)
     updates = {}
-    for cls in (DPSGDEngine, NonPrivateEngine):
+    for cls in (kind, NonPrivateEngine):
         model = build("gpt2", seed=1)
         eng = engine(model, cls, B=len(seqs), sigma=0.0, C=math.inf)
         opt = torch.optim.SGD(list(eng.params.values()), lr=0.1)
@@ -150,8 +174,8 @@ def test_dp_path_without_noise_or_clipping_equals_nonprivate_sgd():
             opt.step()
             opt.zero_grad(set_to_none=True)
         eng.close()
-        updates[cls.__name__] = {n: p.detach().clone() for n, p in eng.params.items()}
-    assert_close(updates["DPSGDEngine"], updates["NonPrivateEngine"], rtol=1e-4, atol=1e-6)
+        updates[getattr(cls, "__name__", cls)] = {n: p.detach().clone() for n, p in eng.params.items()}
+    assert_close(updates[kind], updates["NonPrivateEngine"], rtol=1e-4, atol=1e-6)
 
 
 def test_mean_of_per_example_losses_is_the_nonprivate_loss():
@@ -167,15 +191,16 @@ def test_mean_of_per_example_losses_is_the_nonprivate_loss():
     assert_close(update, {n: g / 3 for n, g in expected.items()})
 
 
-def test_noise_standard_deviation_is_sigma_c_over_b():
+@pytest.mark.parametrize("kind", ["vmap", "ghost"])
+def test_noise_standard_deviation_is_sigma_c_over_b(kind):
     model = build("gpt2")
     sigma, C, B = 1.3, 0.7, 5
     seqs = [[s] for s in sequences([6, 4, 8], seed=4)]
-    eng = engine(model, sigma=0.0, C=C, B=B)
+    eng = engine(model, kind, sigma=0.0, C=C, B=B)
     eng.step(seqs)
     clean = torch.cat([p.grad.flatten() for p in eng.params.values()])
     eng.close()
-    eng = engine(model, sigma=sigma, C=C, B=B)
+    eng = engine(model, kind, sigma=sigma, C=C, B=B)
     generator = torch.Generator().manual_seed(0)
     draws = []
     for _ in range(8):
@@ -193,15 +218,16 @@ def test_noise_standard_deviation_is_sigma_c_over_b():
     eng.close()
 
 
-def test_empty_batch_is_noise_only():
+@pytest.mark.parametrize("kind", ["vmap", "ghost"])
+def test_empty_batch_is_noise_only(kind):
     model = build("gpt2")
-    eng = engine(model, sigma=2.0, C=0.5, B=4)
+    eng = engine(model, kind, sigma=2.0, C=0.5, B=4)
     stats = eng.step([], torch.Generator().manual_seed(1))
     assert stats.num_units == 0 and stats.losses == []
     update = torch.cat([p.grad.flatten() for p in eng.params.values()])
     assert float(update.std()) == pytest.approx(2.0 * 0.5 / 4, rel=0.02)
     eng.close()
-    eng = engine(model, sigma=0.0, C=0.5, B=4)
+    eng = engine(model, kind, sigma=0.0, C=0.5, B=4)
     eng.step([])
     assert all(float(p.grad.abs().max()) == 0.0 for p in eng.params.values())
     eng.close()
@@ -228,7 +254,8 @@ def test_engine_restores_attention_implementation():
     assert model.config._attn_implementation == before
 
 
-def test_lora_only_adapter_weights_get_per_example_gradients():
+@pytest.mark.parametrize("kind", ["vmap", "ghost"])
+def test_lora_only_adapter_weights_get_per_example_gradients(kind):
     from peft import LoraConfig, get_peft_model
 
     model = get_peft_model(build("gpt2"), LoraConfig(r=2, lora_alpha=4, fan_in_fan_out=True, task_type="CAUSAL_LM",
@@ -238,7 +265,7 @@ def test_lora_only_adapter_weights_get_per_example_gradients():
         for name, p in model.named_parameters():
             if "lora_B" in name:
                 p.normal_(0, 0.1)
-    eng = engine(model, C=0.3)
+    eng = engine(model, kind, C=0.3)
     assert eng.params and all("lora_" in name for name in eng.params)
     seqs = sequences([5, 8, 3], seed=7)
     expected = None
@@ -248,3 +275,115 @@ def test_lora_only_adapter_weights_get_per_example_gradients():
     summed, _ = eng.summed_gradients([[s] for s in seqs])
     assert_close(summed, expected)
     eng.close()
+
+
+# --------------------------------------------------------------------------- ghost clipping
+
+
+def tied_llama():
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                         bos_token_id=0, eos_token_id=0, pad_token_id=0, tie_word_embeddings=True)
+    torch.manual_seed(0)
+    return LlamaForCausalLM(config).train()
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_tied_embeddings_under_ghost_clipping(arch):
+    """Input embedding and output layer share one matrix: the unit's norm needs the cross
+    term between the two uses (the class of bug of Opacus PR 664). Checked against the loop,
+    and against the norm with the cross term left out, which must differ."""
+    model = build("gpt2") if arch == "gpt2" else tied_llama()
+    embedding = model.get_input_embeddings().weight
+    assert model.get_output_embeddings().weight is embedding  # really tied
+    tied = next(n for n, p in trainable_parameters(model).items() if p is embedding)
+    seqs = sequences([7, 9, 4, 6, 5], seed=8)
+    norms = [clip(single_gradient(model, s), 1.0)[1] for s in seqs]
+    C = sorted(norms)[len(norms) // 2]
+    expected = None
+    for seq in seqs:
+        clipped, _ = clip(single_gradient(model, seq), C)
+        expected = clipped if expected is None else add(expected, clipped)
+    eng = engine(model, "ghost", C=C, microbatch=4)
+    summed, stats = eng.summed_gradients([[s] for s in seqs])
+    assert_close(summed, expected)
+    assert sorted(stats.unit_norms) == pytest.approx(sorted(norms), rel=1e-4)
+    # without the cross term: the squared norms of the two uses alone
+    batch = collate(seqs, pad_id=0)
+    eng._rows = len(seqs)
+    uses = [u for u in eng._forward_backward(batch, type(stats)()) if u.module in
+            (model.get_input_embeddings(), model.get_output_embeddings())]
+    assert len(uses) == 2
+    separate = sum(eng._materialize([eng._factors(u, "weight")], embedding.shape).pow(2).sum((1, 2)) for u in uses)
+    assert not torch.allclose(separate.sqrt(), torch.tensor(norms), rtol=1e-2)
+    assert tied in eng.params
+    eng.close()
+
+
+def test_ghost_norms_in_bf16_on_cpu():
+    """The bf16 autocast path (the GPU default) runs on CPU: its norms and clipped sum are
+    those of the float32 loop up to bf16 rounding."""
+    model = build("gpt2")
+    seqs = sequences([8, 5, 7, 3], seed=9)
+    norms = [clip(single_gradient(model, s), 1.0)[1] for s in seqs]
+    C = min(norms) / 2  # every unit clipped
+    expected = None
+    for seq in seqs:
+        clipped, _ = clip(single_gradient(model, seq), C)
+        expected = clipped if expected is None else add(expected, clipped)
+    for layers in ("ghost", "materialize"):
+        eng = engine(model, GhostClippingEngine, C=C, microbatch=4, layers=layers, fallback=False,
+                     autocast_dtype=torch.bfloat16)
+        summed, stats = eng.summed_gradients([[s] for s in seqs])
+        assert sorted(stats.unit_norms) == pytest.approx(sorted(norms), rel=0.05)
+        flat = torch.cat([summed[n].flatten() for n in expected])
+        reference = torch.cat([expected[n].flatten() for n in expected])
+        assert float((flat - reference).norm() / reference.norm()) < 0.05
+        eng.close()
+
+
+class WeightOutsideItsModule(torch.nn.Module):
+    """Logits from ``hidden @ embedding.weight.T`` in the parent's forward: no hook sees it."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(3)
+        self.embed = torch.nn.Embedding(VOCAB, 16)
+        self.mix = torch.nn.Linear(16, 16)
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, use_cache=False):
+        hidden = torch.tanh(self.mix(self.embed(input_ids))).cumsum(1)
+        return (hidden @ self.embed.weight.T,)
+
+
+def test_uncovered_model_falls_back_or_refuses():
+    model = WeightOutsideItsModule()
+    seqs = sequences([5, 7, 3], seed=10)
+    expected = None
+    for seq in seqs:
+        model.zero_grad(set_to_none=True)
+        logits = model(seq.unsqueeze(0))[0][0, :-1]
+        torch.nn.functional.cross_entropy(logits, seq[1:]).backward()
+        clipped, _ = clip({n: p.grad.clone() for n, p in model.named_parameters()}, 0.1)
+        expected = clipped if expected is None else add(expected, clipped)
+    eng = engine(model, GhostClippingEngine, C=0.1)
+    summed, _ = eng.summed_gradients([[s] for s in seqs])  # auto: the vmap engine
+    assert eng.use_vmap
+    assert_close(summed, expected)
+    eng = engine(model, GhostClippingEngine, C=0.1, fallback=False)
+    with pytest.raises(InputError, match="embed.weight is used by"):
+        eng.summed_gradients([[s] for s in seqs])
+
+
+def test_engine_choice_from_the_config():
+    assert load_config("tiny").train.dp.engine == "auto"
+    with pytest.raises(InputError, match="train.dp.engine must be one of auto, ghost, vmap"):
+        load_config("tiny", overrides=["train.dp.engine=fast"])
+    assert choose_engine(DPSGDEngine, "auto") == (GhostClippingEngine, {"fallback": True})
+    assert choose_engine(DPSGDEngine, "ghost") == (GhostClippingEngine, {"fallback": False})
+    assert choose_engine(DPSGDEngine, "vmap") == (DPSGDEngine, {})
+
+    class Faulty(DPSGDEngine):  # an engine that overrides steps keeps its own path
+        pass
+
+    assert choose_engine(Faulty, "ghost") == (Faulty, {})

@@ -243,22 +243,6 @@ def test_nonprivate_warns_when_dp_is_configured(tokenizer, data):
         nonprivate(train, tokenizer, seed=0, config=cfg("train.dp.noise_multiplier=1.0", "train.steps=1"))
 
 
-def test_benchmark_script_runs(capsys):
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_dpsgd.py"
-    spec = importlib.util.spec_from_file_location("bench_dpsgd", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    assert bench.main(["--size", "tiny", "--vocab", "100", "--length", "12", "--batch", "3", "--rounds", "1",
-                       "--repeats", "1", "--json"]) == 0
-    result = json.loads(capsys.readouterr().out)
-    assert result["dpsgd_over_nonprivate"] > 0
-    assert "dpsgd_over_opacus" in result or "opacus" not in result["seconds_per_step"]
-    torch.set_num_threads(1)
-
-
 @pytest.mark.slow
 def test_demo_sized_dpsgd_user_level(make_dataset, tokenizer, tmp_path):
     train = make_dataset(tokenizer, 200, users=50, max_length=128)

@@ -1,0 +1,207 @@
+"""What do canary designs and training choices do to a one-run audit of a DP model?
+
+    python benchmarks/bench_canary_levers.py --run RUN_DIR [--levers default,distinct,...] [--json]
+
+RUN_DIR is a run directory with a trained base model (``dpaudit train --config demo``
+makes one). For each lever the script
+
+1. measures cross-talk: the cosine between the training gradients of 60 canaries at the base
+   model (canaries whose gradients point the same way move each other's scores, the
+   interference between canaries that limits one-run audits);
+2. trains one DP-SGD model at ``--epsilon`` with that lever on the run's members plus a
+   fresh set of m canaries (each in with probability 1/2) and scores the canaries five ways:
+   the loss of the whole canary, the log-probability of its secret tokens, both minus the
+   base model's, and the white-box projection of the total update on the canary's gradient
+   at the base (what no black-box score can beat);
+3. prints each score's AUC and its sound bounds (Steinke et al. 2023, arXiv 2305.08846; the
+   DP-SGD family test, Mahloujifar et al. 2024, arXiv 2410.22235) at 0.05 over every test.
+
+Levers: ``default`` (the demo's canaries), ``distinct`` (no token in two canaries),
+``same_init`` (distinct, and every canary token's embedding set to their mean, so canaries
+start alike), ``lr2e-5`` (distinct, a learning rate ten times smaller), ``sigma0.2``
+(distinct, noise multiplier 0.2 instead of the target epsilon's: how much of the gap is
+noise), ``no_notes`` (distinct, canaries only: how much is interference from the records).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+LEVERS = {
+    "default": {},
+    "distinct": {"distinct": True},
+    "same_init": {"distinct": True, "same_init": True},
+    "lr2e-5": {"distinct": True, "lr": 2e-5},
+    "sigma0.2": {"distinct": True, "sigma": 0.2},
+    "no_notes": {"distinct": True, "no_notes": True},
+}
+
+
+def canary_set(*, num: int, distinct: bool, seed: int):
+    from dpaudit.canaries import load_canary_spec, make_canaries
+
+    spec = load_canary_spec("new_token")
+    spec["secret"] = {**spec["secret"], "distinct": distinct}
+    return spec, make_canaries(spec=spec, num_canaries=num, seed=seed)
+
+
+def unit_gradients(model, tokenizer, texts):
+    """Per-text gradients of the mean token NLL (the training loss), as unit vectors."""
+    out = []
+    model.train(False)
+    for text in texts:
+        ids = torch.tensor([tokenizer(text)["input_ids"]])
+        model.zero_grad(set_to_none=True)
+        logp = model(ids).logits[0, :-1].log_softmax(-1).gather(1, ids[0, 1:, None])
+        (-logp.mean()).backward()
+        g = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten() for p in model.parameters()])
+        out.append(g / g.norm())
+    return torch.stack(out)
+
+
+def cross_talk(model, tokenizer, canaries) -> dict:
+    g = unit_gradients(model, tokenizer, [c.text for c in canaries[:60]])
+    cos = (g @ g.T).numpy()
+    off = cos[np.triu_indices(len(cos), 1)]
+    return {"mean_cos": float(off.mean()), "std_cos": float(off.std())}
+
+
+def equalized_base(rundir, tokenizer, spec, out: Path) -> Path:
+    """A copy of the base whose canary-token embeddings all equal their mean."""
+    from dpaudit.canaries import new_tokens
+    from dpaudit.models import load_model, save_model
+
+    model = load_model(rundir.base_dir)
+    ids = tokenizer.convert_tokens_to_ids(new_tokens(spec))
+    with torch.no_grad():
+        w = model.get_input_embeddings().weight
+        w[ids] = w[ids].mean(0, keepdim=True)
+    save_model(model, tokenizer, out)
+    return out
+
+
+def measure(rundir, *, lever: dict, num: int, epsilon: float, seed: int, work: Path) -> dict:
+    import datasets
+
+    from dpaudit.accounting import dpsgd_parameters
+    from dpaudit.audit import CanaryScores, claimed_curve_bound
+    from dpaudit.canaries import insert_canaries
+    from dpaudit.data.corpus import tokenize_dataset
+    from dpaudit.models import load_model
+    from dpaudit.signals import compute_signals
+    from dpaudit.stages.prepare import derive_seeds
+    from dpaudit.stages.train import effective_config
+    from dpaudit.train import dpsgd
+
+    config, tok = rundir.read_config(), rundir.read_tokenizer()
+    spec, canaries = canary_set(num=num, distinct=lever.get("distinct", False), seed=seed)
+    included = np.array([c.included for c in canaries])
+    base_dir = equalized_base(rundir, tok, spec, work / "base") if lever.get("same_init") else rundir.base_dir
+    base = load_model(base_dir)
+    talk = cross_talk(base, tok, canaries)
+
+    cands = rundir.read_candidates()
+    members = [c for c in cands if c["role"] == "member"][: 1 if lever.get("no_notes") else None]
+    rows = datasets.Dataset.from_dict({"text": [c["text"] for c in members], "unit_id": [c["unit_id"] for c in members]})
+    train = tokenize_dataset(insert_canaries(rows, canaries, seed=derive_seeds(config.seed)["insertion"]), tok,
+                             max_length=config.data.max_length)
+    held = [c for c in cands if c["role"] == "heldout"][:256]
+    heldout = tokenize_dataset(datasets.Dataset.from_dict({"text": [c["text"] for c in held],
+                                                           "unit_id": [c["unit_id"] for c in held]}),
+                               tok, max_length=config.data.max_length)
+    cfg = effective_config(rundir, config, config.model_names()[-1])
+    dp = dataclasses.replace(cfg.train.dp, target_epsilon=None if "sigma" in lever else epsilon,
+                             noise_multiplier=lever.get("sigma"))
+    # the same sampling rate as with every member: fewer units, a proportionally smaller batch
+    all_units = sum(c["role"] == "member" for c in cands) + int(included.sum())
+    batch = max(1, round(cfg.train.batch_size * (len(rows) + int(included.sum())) / all_units))
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, base_model=str(base_dir)),
+                              train=dataclasses.replace(cfg.train, lr=lever.get("lr", cfg.train.lr), dp=dp,
+                                                        batch_size=batch, eval_every=10**9))
+    run_dir = work / "model"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    t0 = time.perf_counter()
+    model = dpsgd(train, tok, seed=seed, config=cfg, run_dir=run_dir, eval_dataset=heldout)
+    train_s = time.perf_counter() - t0
+    record = json.loads((run_dir / "dp_event.json").read_text())
+    log = [json.loads(line) for line in (run_dir / "train_log.jsonl").read_text().splitlines()]
+
+    texts = [c.text for c in canaries]
+    kw = {"batch_size": 64, "max_length": config.data.max_length, "device": "cpu", "progress": False}
+    target, ref = compute_signals(model, tok, texts, **kw), compute_signals(base, tok, texts, **kw)
+    count = target.mask.sum(1)
+    n_secret = spec["secret"]["length"]
+    secret = target.mask & (np.arange(target.mask.shape[1])[None, :] >= (count[:, None] - n_secret))
+
+    def total(sig, mask):
+        return np.where(mask, sig.logprob, 0.0).sum(1)
+
+    grads = unit_gradients(base, tok, texts)  # same architecture: parameters in the same order
+    flat_update = torch.cat([(p.detach() - p0.detach()).flatten() for p, p0 in zip(model.parameters(),
+                                                                                  base.parameters())])
+    scores = {
+        "loss": total(target, target.mask) / count,
+        "secret": total(target, secret),
+        "loss - base": (total(target, target.mask) - total(ref, target.mask)) / count,
+        "secret - base": total(target, secret) - total(ref, secret),
+        "white-box projection": (-(grads @ flat_update)).numpy(),
+    }
+    family = dpsgd_parameters(record)
+    significance = 0.05 / (2 * len(scores))
+    out = {"sigma": record["noise_multiplier"], "sample_rate": record["sample_rate"], "steps": record["steps"],
+           "num_canaries": num, "train_s": round(train_s, 1), "heldout_perplexity": log[-1].get("heldout_perplexity"),
+           "cross_talk": talk, "scores": {}}
+    for name, s in scores.items():
+        cs = CanaryScores(in_scores=s[included], out_scores=s[~included], seed=0)
+        out["scores"][name] = {
+            "auc": float(cs.auc()),
+            "one_run": cs.bound("one_run", delta=record["delta"], significance=significance).epsilon,
+            "family": claimed_curve_bound(cs, **family, delta=record["delta"], significance=significance).epsilon,
+        }
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--run", type=Path, required=True, help="a run directory with a trained base model")
+    parser.add_argument("--levers", default=",".join(LEVERS))
+    parser.add_argument("--num-canaries", type=int, default=1000)
+    parser.add_argument("--epsilon", type=float, default=4.0)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+
+    from dpaudit.rundir import RunDir
+
+    rundir = RunDir(args.run)
+    names = [n.strip() for n in args.levers.split(",") if n.strip()]
+    unknown = sorted(set(names) - set(LEVERS))
+    if unknown:
+        parser.error(f"unknown lever(s) {', '.join(unknown)}; known: {', '.join(LEVERS)}")
+    results = {}
+    for name in names:
+        with tempfile.TemporaryDirectory(prefix="dpaudit-lever-") as work:
+            results[name] = measure(rundir, lever=LEVERS[name], num=args.num_canaries, epsilon=args.epsilon,
+                                    seed=args.seed, work=Path(work))
+        if not args.json:
+            r = results[name]
+            print(f"\n{name}: sigma {r['sigma']:.2f}, q {r['sample_rate']:.3f}, T {r['steps']}, train {r['train_s']:.0f} s,"
+                  f" held-out ppl {r['heldout_perplexity']:.3f}, canary-gradient cosine "
+                  f"{r['cross_talk']['mean_cos']:.2f} +- {r['cross_talk']['std_cos']:.2f}")
+            for score, v in r["scores"].items():
+                print(f"  {score:<22} AUC {v['auc']:.3f}   one-run {v['one_run']:.2f}   family {v['family']:.2f}")
+    if args.json:
+        print(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,438 @@
+"""``dpaudit bench``: what DP-SGD and an audit cost, as ratios measured side by side in one process.
+
+Every row is a ratio of two things timed on the same model and the same inputs, in
+interleaved rounds (A, B, C, A, B, C, ...), each figure the median of its rounds, so
+background load hits both sides alike. On CPU torch runs on one thread (``threads``): with
+several threads on a shared machine, OpenMP barriers stall whenever another process takes a
+core; and the clock is the process's CPU time, the work done whatever else the machine runs
+(the wall times of a loaded machine swing by 2-3x). On CUDA the clock is the wall time. A step is the gradient engine (per-unit gradients, clipping, noise for DP) plus an AdamW
+step, on a fixed batch of ``batch`` random sequences of ``length`` tokens on the GPT-2-style
+model of ``size`` (``small``: the demo's).
+
+=============================  ===============================================================
+``dp_step_over_nonprivate``    our DP-SGD step (the engine ``train.dp.engine: auto`` picks:
+                               ghost clipping) over the non-private step, batch ``batch``
+``dp_step_over_nonprivate_b256``  the same at batch 256 (micro-batches of 16 for both)
+``dp_memory_over_nonprivate``  peak memory of one DP step over one non-private step, batch 64
+                               in one micro-batch (CUDA: ``max_memory_allocated``; CPU: the
+                               peak resident memory of a fresh subprocess per engine, above
+                               its resident memory before the step)
+``dp_step_over_opacus``        our DP step over Opacus' hooks (per-sample gradients), same loop
+``dp_step_over_opacus_ghost``  our DP step over Opacus' ghost clipping (its fast gradient
+                               clipping module, two backward passes), where it runs on the model
+``signals_over_forward``       :func:`dpaudit.signals.compute_signals` time over a bare forward
+                               pass of the same batches (the goal of 0.9 throughput is a ratio
+                               of at most 1.11)
+``validate_over_training``     wall time of ``dpaudit validate`` (the ``tiny`` preset, trainer
+                               ``dpaudit.train:nonprivate``: data, tokenizer, base model,
+                               training, signals, bounds) over the training it contains (the
+                               last ``elapsed_s`` of its train log)
+=============================  ===============================================================
+
+A ratio that cannot be measured (Opacus not installed, or unable to run on the model) is null,
+with the reason under ``reasons``; ``details`` holds the seconds and bytes behind the ratios.
+Ghost clipping: Li et al. 2021, arXiv 2110.05679; book-keeping: Bu et al. 2023, arXiv 2210.00038.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dpaudit.errors import InputError
+from dpaudit.progress import Progress
+
+KEYS = ("dp_step_over_nonprivate", "dp_step_over_nonprivate_b256", "dp_memory_over_nonprivate", "dp_step_over_opacus",
+        "dp_step_over_opacus_ghost", "signals_over_forward", "validate_over_training", "model", "batch_size", "threads")
+VOCAB = 2000
+LENGTH = 128
+MICROBATCH = 16  # the config default, for the batch-256 row
+MEMORY_BATCH = 64
+
+
+# --------------------------------------------------------------------------- models and engines
+
+
+def build_model(size: str, *, vocab: int = VOCAB, seed: int = 0):
+    """A GPT-2-style model of ``size`` (:data:`dpaudit.models.SIZES`), no dropout, train mode."""
+    from dpaudit.models import SIZES
+    from dpaudit.models import build_model as build
+
+    if size not in SIZES:
+        raise InputError(f"--size must be one of {', '.join(SIZES)}, got {size!r}")
+    model = build(size=size, vocab_size=vocab, bos_token_id=0, eos_token_id=0, seed=seed)
+    return model.train()
+
+
+def random_units(batch: int, *, length: int | None = None, seed: int = 1) -> list[list[torch.Tensor]]:
+    """``batch`` units of one sequence of ``length`` (default :data:`LENGTH`) random tokens."""
+    generator = torch.Generator().manual_seed(seed)
+    return [[torch.randint(1, VOCAB, (length or LENGTH,), generator=generator)] for _ in range(batch)]
+
+
+class OpacusGhostEngine:
+    """Opacus' ghost clipping (``GradSampleModuleFastGradientClipping``; Opacus 1.5+) in our
+    engine's shape, for the benchmark only: per micro-batch a backward pass for the per-sample
+    norms, a second one of the clip-weighted loss for the clipped sum (Opacus'
+    ``DPTensorFastGradientClipping.backward``), then the same noise and divisor as ours."""
+
+    private = True
+
+    def __init__(self, model, *, expected_batch_size, microbatch_size, pad_id, device, noise_multiplier,
+                 max_grad_norm, autocast_dtype=None):
+        from opacus.grad_sample import GradSampleModuleFastGradientClipping
+
+        from dpaudit.train.engine import trainable_parameters
+
+        self.model, self.device = model, torch.device(device)
+        self.expected_batch_size, self.microbatch_size, self.pad_id = expected_batch_size, microbatch_size, pad_id
+        self.std = noise_multiplier * max_grad_norm
+        self.params = trainable_parameters(model)
+        self._gsm = GradSampleModuleFastGradientClipping(model, batch_first=True, loss_reduction="sum", strict=False,
+                                                         max_grad_norm=max_grad_norm, use_ghost_clipping=True)
+
+    def close(self) -> None:
+        self._gsm._close()
+
+    def step(self, units, generator=None):
+        from dpaudit.train.engine import collate, example_losses, forward_logits
+
+        sequences = sorted((unit[0] for unit in units), key=len, reverse=True)
+        total = {name: torch.zeros_like(p) for name, p in self.params.items()}
+        for start in range(0, len(sequences), self.microbatch_size):
+            batch = collate(sequences[start : start + self.microbatch_size], pad_id=self.pad_id, device=self.device)
+            self._gsm.enable_hooks()
+            losses = example_losses(forward_logits(self._gsm, batch), batch.labels)
+            losses.sum().backward(retain_graph=True)
+            coefficients = self._gsm.get_clipping_coef()
+            self.model.zero_grad(set_to_none=True)
+            self._gsm.disable_hooks()
+            (coefficients.to(losses.device) * losses).sum().backward()
+            for name, p in self.params.items():
+                total[name] += p.grad
+                p.grad, p._norm_sample = None, None
+        for name, p in self.params.items():
+            noise = torch.randn(p.shape, generator=generator, device=p.device, dtype=p.dtype)
+            p.grad = (total[name] + self.std * noise) / self.expected_batch_size
+
+
+def engine_factories(*, opacus: bool = True) -> tuple[dict[str, Callable], dict[str, str]]:
+    """name -> engine class (or factory) for the timed rows, and why any is missing."""
+    from dpaudit.train.engine import DPSGDEngine, NonPrivateEngine
+    from dpaudit.train.ghost import choose_engine
+
+    dp_class, options = choose_engine(DPSGDEngine, "auto")
+    factories: dict[str, Callable] = {
+        "nonprivate": NonPrivateEngine,
+        "dpsgd": lambda model, **kw: dp_class(model, **options, **kw),
+        "dpsgd_vmap": DPSGDEngine,
+    }
+    missing: dict[str, str] = {}
+    if opacus:
+        try:
+            import opacus
+
+            from dpaudit.train.opacus import OpacusEngine
+
+            factories["opacus"] = OpacusEngine
+            factories["opacus_ghost"] = OpacusGhostEngine
+        except ImportError as err:
+            missing["opacus"] = missing["opacus_ghost"] = f"Opacus is not installed ({err}): pip install 'dpaudit[opacus]'"
+    else:
+        missing["opacus"] = missing["opacus_ghost"] = "not measured (opacus=False)"
+    return factories, missing
+
+
+def _make(factory, model, *, batch: int, microbatch: int, device, private: bool, autocast_dtype=None):
+    return factory(model, expected_batch_size=batch, microbatch_size=microbatch, pad_id=0, device=device,
+                   noise_multiplier=1.0 if private else 0.0, max_grad_norm=1.0 if private else math.inf,
+                   autocast_dtype=autocast_dtype)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_steps(factory, model, units, *, batch: int, microbatch: int, device: torch.device, private: bool,
+               steps: int, autocast_dtype=None) -> list[float]:
+    """Seconds of ``steps`` engine + AdamW steps after one warm-up step: the process's CPU time
+    on CPU (with one thread, the work done, whatever else runs on the machine), wall time on
+    CUDA (synchronized). The model's weights
+    are restored afterwards, so every engine starts from the same model."""
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    engine = _make(factory, model, batch=batch, microbatch=microbatch, device=device, private=private,
+                   autocast_dtype=autocast_dtype)
+    optimizer = torch.optim.AdamW(list(engine.params.values()), lr=1e-5)
+    generator = torch.Generator(device=device).manual_seed(0)
+    times = []
+    try:
+        for i in range(steps + 1):
+            _sync(device)
+            start, cpu = time.perf_counter(), time.process_time()
+            engine.step(units, generator)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            _sync(device)
+            if i > 0:  # the clock of the ratios: CPU time on CPU (one thread), wall time on CUDA
+                times.append(time.process_time() - cpu if device.type == "cpu" else time.perf_counter() - start)
+    finally:
+        engine.close()
+        model.load_state_dict(state)
+    return times
+
+
+def interleaved(names: list[str], run: Callable[[str], list[float]], *, rounds: int, bar: Progress,
+                errors: dict[str, str]) -> dict[str, float]:
+    """Median seconds per step of each name, timed in ``rounds`` interleaved rounds; a name
+    whose engine fails is dropped, with its error in ``errors``."""
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for _ in range(rounds):
+        for name in names:
+            if name in errors:
+                continue
+            try:
+                times[name] += run(name)
+            except Exception as err:  # noqa: BLE001 - another library's engine: recorded as the reason
+                errors[name] = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:300]
+            bar.update(1)
+    return {name: statistics.median(t) for name, t in times.items() if t and name not in errors}
+
+
+# --------------------------------------------------------------------------- memory
+
+
+def _rss(key: str) -> int:
+    return int(re.search(rf"{key}:\s+(\d+) kB", Path("/proc/self/status").read_text()).group(1)) * 1024
+
+
+def peak_step_memory(name: str, *, size: str, batch: int, device: torch.device) -> int:
+    """Peak memory of one step (after a warm-up step) above the memory before it, in bytes."""
+    if device.type == "cuda":
+        return _memory_worker(name, size=size, batch=batch, device=device)
+    if not Path("/proc/self/clear_refs").exists():
+        raise OSError("peak memory on CPU needs Linux /proc")
+    # a fresh process per engine, with a fixed mmap threshold so freed tensors leave the resident set
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "OMP_NUM_THREADS": str(torch.get_num_threads())}
+    code = (f"import json, torch; torch.set_num_threads({torch.get_num_threads()}); from dpaudit.bench import "
+            f"_memory_worker; print(json.dumps(_memory_worker({name!r}, size={size!r}, batch={batch}, "
+            f"device=torch.device('cpu'))))")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        raise RuntimeError(out.stderr.strip().splitlines()[-1] if out.stderr.strip() else f"exit {out.returncode}")
+    return int(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def _memory_worker(name: str, *, size: str, batch: int, device: torch.device) -> int:
+    factories, _ = engine_factories(opacus=name.startswith("opacus"))
+    model = build_model(size).to(device)
+    units = random_units(batch)
+    autocast_dtype = torch.bfloat16 if device.type == "cuda" else None
+    engine = _make(factories[name], model, batch=batch, microbatch=batch, device=device, private=name != "nonprivate",
+                   autocast_dtype=autocast_dtype)
+    optimizer = torch.optim.AdamW(list(engine.params.values()), lr=1e-5)
+    generator = torch.Generator(device=device).manual_seed(0)
+
+    def step():
+        engine.step(units, generator)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    step()  # warm-up: optimizer state, lazy set-up
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
+        step()
+        torch.cuda.synchronize(device)
+        peak = torch.cuda.max_memory_allocated(device) - before
+    else:
+        Path("/proc/self/clear_refs").write_text("5")  # reset the peak resident set (VmHWM)
+        before = _rss("VmRSS")
+        step()
+        peak = _rss("VmHWM") - before
+    engine.close()
+    return peak
+
+
+# --------------------------------------------------------------------------- signals, validate
+
+
+def signals_vs_forward(size: str, *, device: torch.device, rounds: int, batch: int = 16,
+                       texts: int = 128) -> tuple[float, dict[str, float]]:
+    """Median seconds of :func:`dpaudit.signals.compute_signals` over a bare forward pass of the
+    same batches under ``torch.inference_mode()``, interleaved (CPU time on CPU, as the steps)."""
+    import numpy as np
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from dpaudit.signals import compute_signals
+
+    tok = Tokenizer(models.WordLevel(vocab={f"w{i}": i for i in range(VOCAB)}, unk_token="w0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="w0", pad_token="w0")
+    model = build_model(size).to(device).eval()
+    length = LENGTH
+    ids = np.random.default_rng(0).integers(1, VOCAB, size=(texts, length))
+    strings = [" ".join(f"w{i}" for i in row) for row in ids]
+    batches = [torch.as_tensor(ids[s : s + batch], device=device) for s in range(0, texts, batch)]
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast("cpu", enabled=False)
+
+    clock = time.process_time if device.type == "cpu" else time.perf_counter
+
+    def bare():
+        _sync(device)
+        start = clock()
+        with torch.inference_mode(), autocast:
+            for x in batches:
+                model(x, attention_mask=torch.ones_like(x), use_cache=False)
+        _sync(device)
+        return clock() - start
+
+    def signals():
+        _sync(device)
+        start = clock()
+        compute_signals(model, tokenizer, strings, batch_size=batch, max_length=length, device=device, progress=False)
+        _sync(device)
+        return clock() - start
+
+    bare(), signals()  # warm-up
+    runs: dict[str, list[float]] = {"forward": [], "signals": []}
+    for _ in range(rounds):
+        runs["forward"].append(bare())
+        runs["signals"].append(signals())
+    median = {k: statistics.median(v) for k, v in runs.items()}
+    return median["signals"] / median["forward"], median
+
+
+def validate_vs_training() -> tuple[float, dict[str, float]]:
+    """Wall time of ``validate`` (tiny preset, non-private trainer, 16 canaries) over the
+    training inside it (the last ``elapsed_s`` of its train log)."""
+    from dpaudit.stages.validate import MODEL, validate
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "validate"
+        start = time.perf_counter()
+        validate(trainer="dpaudit.train:nonprivate", epsilon=1.0, delta=1e-3, config="tiny", out=out)
+        wall = time.perf_counter() - start
+        log = [json.loads(line) for line in (out / "models" / MODEL / "train_log.jsonl").read_text().splitlines()]
+    training = max(r.get("elapsed_s") or 0.0 for r in log)
+    return wall / training, {"validate_s": wall, "training_s": training}
+
+
+# --------------------------------------------------------------------------- the bench
+
+
+def run_bench(*, size: str = "small", batch: int = 16, rounds: int = 3, repeats: int = 3, device: str = "auto",
+              threads: int = 1, opacus: bool = True, validate: bool = True) -> dict[str, Any]:
+    """Measure every row (see the module docstring) and return the ``--json`` object."""
+    if batch < 1 or rounds < 1 or repeats < 1:
+        raise InputError("--batch, --rounds and --repeats must be positive")
+    dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else
+                       ("cpu" if device == "auto" else device))
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise InputError("--device cuda but CUDA is not available")
+    if dev.type == "cpu" and threads:
+        torch.set_num_threads(threads)
+    autocast_dtype = torch.bfloat16 if dev.type == "cuda" else None
+    factories, missing = engine_factories(opacus=opacus)
+    result: dict[str, Any] = {key: None for key in KEYS}
+    result.update(model=f"gpt2-{size}", batch_size=batch, threads=torch.get_num_threads(), device=str(dev),
+                  precision="bf16 autocast" if autocast_dtype else "fp32",
+                  clock="process CPU time" if dev.type == "cpu" else "wall time")
+    reasons: dict[str, str] = {}
+    details: dict[str, Any] = {"length": LENGTH, "vocab": VOCAB, "rounds": rounds, "repeats": repeats}
+    model = build_model(size).to(dev)
+    errors: dict[str, str] = dict(missing)
+    main_names = [n for n in ("nonprivate", "dpsgd", "dpsgd_vmap", "opacus", "opacus_ghost") if n in factories]
+    units = random_units(batch)
+    total = rounds * (len(main_names) + 2) + 4 + rounds + (1 if validate else 0)
+    bar = Progress(total=total, desc="bench")
+    try:
+        def run_main(name: str) -> list[float]:
+            return time_steps(factories[name], model, units, batch=batch, microbatch=min(batch, MICROBATCH),
+                              device=dev, private=name != "nonprivate", steps=repeats, autocast_dtype=autocast_dtype)
+
+        step = interleaved(main_names, run_main, rounds=rounds, bar=bar, errors=errors)
+        details["seconds_per_step"] = step
+        if "dpsgd" in step and "nonprivate" in step:
+            result["dp_step_over_nonprivate"] = step["dpsgd"] / step["nonprivate"]
+        for key, name in (("dp_step_over_opacus", "opacus"), ("dp_step_over_opacus_ghost", "opacus_ghost")):
+            if name in step and "dpsgd" in step:
+                result[key] = step["dpsgd"] / step[name]
+            else:
+                reasons[key] = errors.get(name, "not measured")
+        if "dpsgd_vmap" in step and "dpsgd" in step:
+            details["vmap_step_over_nonprivate"] = step["dpsgd_vmap"] / step["nonprivate"]
+
+        big = random_units(256)
+
+        def run_big(name: str) -> list[float]:
+            return time_steps(factories[name], model, big, batch=256, microbatch=MICROBATCH, device=dev,
+                              private=name != "nonprivate", steps=1, autocast_dtype=autocast_dtype)
+
+        step256 = interleaved(["nonprivate", "dpsgd"], run_big, rounds=rounds, bar=bar, errors=errors)
+        details["seconds_per_step_b256"] = step256
+        if len(step256) == 2:
+            result["dp_step_over_nonprivate_b256"] = step256["dpsgd"] / step256["nonprivate"]
+        else:
+            reasons["dp_step_over_nonprivate_b256"] = "; ".join(errors.values()) or "not measured"
+
+        memory: dict[str, list[int]] = {}
+        for _ in range(2):  # two fresh measurements each, interleaved; the median of two is their mean
+            for name in ("nonprivate", "dpsgd"):
+                try:
+                    memory.setdefault(name, []).append(peak_step_memory(name, size=size, batch=MEMORY_BATCH, device=dev))
+                except (OSError, RuntimeError) as err:
+                    reasons["dp_memory_over_nonprivate"] = f"{type(err).__name__}: {err}"
+                bar.update(1)
+        if "dp_memory_over_nonprivate" not in reasons:
+            peak = {name: statistics.median(v) for name, v in memory.items()}
+            details["peak_step_bytes_b64"] = peak
+            result["dp_memory_over_nonprivate"] = peak["dpsgd"] / peak["nonprivate"]
+
+        ratio, seconds = signals_vs_forward(size, device=dev, rounds=rounds)
+        bar.update(rounds)
+        result["signals_over_forward"] = ratio
+        details["signals_seconds"] = seconds
+        if validate:
+            ratio, seconds = validate_vs_training()
+            result["validate_over_training"] = ratio
+            details["validate_seconds"] = seconds
+            bar.update(1)
+        else:
+            reasons["validate_over_training"] = "not measured (validate=False)"
+    finally:
+        bar.close()
+    result["reasons"] = reasons
+    result["details"] = details
+    return result
+
+
+def summary(result: dict[str, Any]) -> str:
+    """The human-readable table of :func:`run_bench`'s result."""
+    goals = {"dp_step_over_nonprivate": "<= 1.15", "dp_step_over_nonprivate_b256": "<= 1.3",
+             "dp_memory_over_nonprivate": "<= 1.3", "dp_step_over_opacus": "<= 0.6",
+             "dp_step_over_opacus_ghost": "<= 1.0", "signals_over_forward": "<= 1.11",
+             "validate_over_training": "<= 1.5"}
+    lines = [(f"model {result['model']} on {result['device']} ({result['precision']}, {result['threads']} thread(s)), "
+              f"batch {result['batch_size']} x {LENGTH} tokens; medians of interleaved rounds, {result['clock']}")]
+    for key, goal in goals.items():
+        value = result[key]
+        text = f"{value:.3f}" if value is not None else f"n/a ({result['reasons'].get(key, 'not measured')})"
+        lines.append(f"  {key:<30} {text:<10} goal {goal}")
+    seconds = result["details"].get("seconds_per_step", {})
+    lines.append("  seconds per step: " + ", ".join(f"{k} {v:.3f}" for k, v in seconds.items()))
+    return "\n".join(lines)

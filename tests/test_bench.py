@@ -1,0 +1,78 @@
+"""``dpaudit bench``: the timed rows run, every --json key is there, a row that cannot be
+measured is null with a reason."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from dpaudit import bench
+from dpaudit.cli import main
+from dpaudit.progress import Progress
+
+
+def test_engines_are_timed_side_by_side():
+    factories, missing = bench.engine_factories(opacus=False)
+    assert {"nonprivate", "dpsgd", "dpsgd_vmap"} <= set(factories)
+    assert set(missing) == {"opacus", "opacus_ghost"}
+    model = bench.build_model("tiny")
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    units = bench.random_units(3, length=10)
+    errors = {"dpsgd_vmap": "skipped"}
+    calls = []
+
+    def run(name):
+        calls.append(name)
+        return bench.time_steps(factories[name], model, units, batch=3, microbatch=2, device=torch.device("cpu"),
+                                private=name != "nonprivate", steps=1)
+
+    median = bench.interleaved(["nonprivate", "dpsgd", "dpsgd_vmap"], run, rounds=2,
+                               bar=Progress(total=4, desc="test"), errors=errors)
+    assert calls == ["nonprivate", "dpsgd", "nonprivate", "dpsgd"]  # interleaved, the failed one left out
+    assert set(median) == {"nonprivate", "dpsgd"} and all(t > 0 for t in median.values())
+    after = model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)  # every engine starts from the same model
+
+
+def test_a_failing_engine_is_a_reason_not_a_crash():
+    errors = {}
+
+    def run(name):
+        if name == "broken":
+            raise NotImplementedError("Parameter tying is not supported")
+        return [1.0]
+
+    median = bench.interleaved(["ok", "broken"], run, rounds=2, bar=Progress(total=4, desc="test"), errors=errors)
+    assert median == {"ok": 1.0}
+    assert errors == {"broken": "NotImplementedError: Parameter tying is not supported"}
+
+
+def test_summary_names_every_row():
+    result = {key: None for key in bench.KEYS}
+    result.update(model="gpt2-tiny", batch_size=2, threads=1, device="cpu", precision="fp32", clock="process CPU time",
+                  dp_step_over_nonprivate=1.1, reasons={"dp_step_over_opacus": "Opacus is not installed"},
+                  details={"seconds_per_step": {"nonprivate": 0.1}})
+    text = bench.summary(result)
+    assert any(line.split()[:2] == ["dp_step_over_nonprivate", "1.100"] for line in text.splitlines())
+    assert "n/a (Opacus is not installed)" in text
+    assert all(key in text for key in bench.KEYS if key.startswith(("dp_", "signals", "validate")))
+
+
+def test_bad_input_is_exit_2(capsys):
+    assert main(["bench", "--size", "huge"]) == 2
+    assert "--size must be one of" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_bench_json_has_every_key(monkeypatch, capsys):
+    monkeypatch.setattr(bench, "LENGTH", 16)
+    monkeypatch.setattr(bench, "validate_vs_training", lambda: (2.0, {"validate_s": 2.0, "training_s": 1.0}))
+    assert main(["bench", "--json", "--size", "tiny", "--batch", "2", "--rounds", "1"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert set(bench.KEYS) <= set(result)
+    for key in bench.KEYS[:7]:
+        assert result[key] is None and key in result["reasons"] or result[key] > 0, key
+    assert result["model"] == "gpt2-tiny" and result["batch_size"] == 2 and result["threads"] == 1
+    torch.set_num_threads(1)
