@@ -87,9 +87,9 @@ class SecureGenerator(torch.Generator):
         """``N(0, 1)`` draws of ``shape``, made on the CPU in float64 and moved to ``device``."""
         n = math.prod(shape)
         pairs = (n + 1) // 2
-        raw = np.frombuffer(os.urandom(16 * pairs), dtype=np.uint64).reshape(2, pairs) >> np.uint64(11)
-        radius = np.sqrt(-2.0 * np.log((raw[0].astype(np.float64) + 0.5) * 2.0**-53))  # uniform in (0, 1)
-        angle = (2.0 * np.pi * 2.0**-53) * raw[1].astype(np.float64)
+        u = OSRandom().random(2 * pairs).reshape(2, pairs)  # uniform on [0, 1)
+        radius = np.sqrt(-2.0 * np.log1p(-u[0]))  # 1 - u is in (0, 1]: never log(0)
+        angle = 2.0 * np.pi * u[1]
         z = np.concatenate([radius * np.cos(angle), radius * np.sin(angle)])[:n]
         return torch.from_numpy(z).reshape(shape).to(device=device, dtype=dtype)
 
