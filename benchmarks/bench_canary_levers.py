@@ -18,9 +18,17 @@ makes one). For each lever the script
 
 Levers: ``default`` (the demo's canaries), ``distinct`` (no token in two canaries),
 ``same_init`` (distinct, and every canary token's embedding set to their mean, so canaries
-start alike), ``lr2e-5`` (distinct, a learning rate ten times smaller), ``sigma0.2``
+start alike), ``lr2e-5`` (distinct, a learning rate ten times smaller), ``lr2e-3`` and ``lr1e-2`` (the
+demo's canaries, a learning rate 10 and 50 times larger), ``sigma0.2``
 (distinct, noise multiplier 0.2 instead of the target epsilon's: how much of the gap is
-noise), ``no_notes`` (distinct, canaries only: how much is interference from the records).
+noise), ``no_notes`` (distinct, canaries only: how much is interference from the records),
+``dp_references`` (the demo's canaries, and the secret score calibrated by 4 reference models
+trained by the same DP trainer, each with its own random half of the canaries).
+
+Besides the five scores, two black-box ones: ``secret contrast``, a canary's secret-token
+log-probabilities minus the mean log-probability of the whole new-token pool at the same
+positions (what training does to all new tokens alike cancels), and the same minus the base
+model's.
 """
 
 from __future__ import annotations
@@ -43,6 +51,9 @@ LEVERS = {
     "lr2e-5": {"distinct": True, "lr": 2e-5},
     "sigma0.2": {"distinct": True, "sigma": 0.2},
     "no_notes": {"distinct": True, "no_notes": True},
+    "lr2e-3": {"lr": 2e-3},
+    "lr1e-2": {"lr": 1e-2},
+    "dp_references": {"references": 4},
 }
 
 
@@ -66,6 +77,26 @@ def unit_gradients(model, tokenizer, texts):
         g = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten() for p in model.parameters()])
         out.append(g / g.norm())
     return torch.stack(out)
+
+
+def pool_contrast(model, tokenizer, texts, pool_ids, n_secret: int, batch: int = 64) -> np.ndarray:
+    """Per canary: the sum over its secret positions of log p(its token) minus the mean log p
+    of the whole new-token pool at that position (black-box: next-token distributions only).
+    What the training of every canary does to all new tokens alike cancels; what the
+    canary's own inclusions did to its tokens stays."""
+    pool = torch.tensor(pool_ids)
+    out = []
+    model.train(False)
+    with torch.inference_mode():
+        for start in range(0, len(texts), batch):
+            enc = tokenizer(texts[start:start + batch], return_tensors="pt", padding=True)
+            logp = model(**enc).logits.float().log_softmax(-1)
+            for row in range(logp.shape[0]):
+                n = int(enc["attention_mask"][row].sum())
+                ids = enc["input_ids"][row, n - n_secret:n]
+                lp = logp[row, n - n_secret - 1:n - 1]  # the predictions of the secret tokens
+                out.append(float((lp.gather(1, ids[:, None]).squeeze(1) - lp[:, pool].mean(1)).sum()))
+    return np.array(out)
 
 
 def cross_talk(model, tokenizer, canaries) -> dict:
@@ -94,7 +125,7 @@ def measure(rundir, *, lever: dict, num: int, epsilon: float, seed: int, work: P
 
     from dpaudit.accounting import dpsgd_parameters
     from dpaudit.audit import CanaryScores, claimed_curve_bound
-    from dpaudit.canaries import insert_canaries
+    from dpaudit.canaries import insert_canaries, new_tokens
     from dpaudit.data.corpus import tokenize_dataset
     from dpaudit.models import load_model
     from dpaudit.signals import compute_signals
@@ -112,25 +143,31 @@ def measure(rundir, *, lever: dict, num: int, epsilon: float, seed: int, work: P
     cands = rundir.read_candidates()
     members = [c for c in cands if c["role"] == "member"][: 1 if lever.get("no_notes") else None]
     rows = datasets.Dataset.from_dict({"text": [c["text"] for c in members], "unit_id": [c["unit_id"] for c in members]})
-    train = tokenize_dataset(insert_canaries(rows, canaries, seed=derive_seeds(config.seed)["insertion"]), tok,
-                             max_length=config.data.max_length)
     held = [c for c in cands if c["role"] == "heldout"][:256]
     heldout = tokenize_dataset(datasets.Dataset.from_dict({"text": [c["text"] for c in held],
                                                            "unit_id": [c["unit_id"] for c in held]}),
                                tok, max_length=config.data.max_length)
-    cfg = effective_config(rundir, config, config.model_names()[-1])
-    dp = dataclasses.replace(cfg.train.dp, target_epsilon=None if "sigma" in lever else epsilon,
+    base_cfg = effective_config(rundir, config, config.model_names()[-1])
+    dp = dataclasses.replace(base_cfg.train.dp, target_epsilon=None if "sigma" in lever else epsilon,
                              noise_multiplier=lever.get("sigma"))
-    # the same sampling rate as with every member: fewer units, a proportionally smaller batch
-    all_units = sum(c["role"] == "member" for c in cands) + int(included.sum())
-    batch = max(1, round(cfg.train.batch_size * (len(rows) + int(included.sum())) / all_units))
-    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, base_model=str(base_dir)),
-                              train=dataclasses.replace(cfg.train, lr=lever.get("lr", cfg.train.lr), dp=dp,
-                                                        batch_size=batch, eval_every=10**9))
-    run_dir = work / "model"
-    shutil.rmtree(run_dir, ignore_errors=True)
+    num_members = sum(c["role"] == "member" for c in cands)
+
+    def train_with(planted, model_seed: int, name: str):
+        """One DP-SGD model on the members plus the included ones of ``planted``."""
+        ins = int(sum(c.included for c in planted))
+        train = tokenize_dataset(insert_canaries(rows, planted, seed=derive_seeds(config.seed)["insertion"]), tok,
+                                 max_length=config.data.max_length)
+        # the same sampling rate as with every member: fewer units, a proportionally smaller batch
+        batch = max(1, round(base_cfg.train.batch_size * (len(rows) + ins) / (num_members + ins)))
+        cfg = dataclasses.replace(base_cfg, model=dataclasses.replace(base_cfg.model, base_model=str(base_dir)),
+                                  train=dataclasses.replace(base_cfg.train, lr=lever.get("lr", base_cfg.train.lr),
+                                                            dp=dp, batch_size=batch, eval_every=10**9))
+        run_dir = work / name
+        shutil.rmtree(run_dir, ignore_errors=True)
+        return dpsgd(train, tok, seed=model_seed, config=cfg, run_dir=run_dir, eval_dataset=heldout), run_dir
+
     t0 = time.perf_counter()
-    model = dpsgd(train, tok, seed=seed, config=cfg, run_dir=run_dir, eval_dataset=heldout)
+    model, run_dir = train_with(canaries, seed, "model")
     train_s = time.perf_counter() - t0
     record = json.loads((run_dir / "dp_event.json").read_text())
     log = [json.loads(line) for line in (run_dir / "train_log.jsonl").read_text().splitlines()]
@@ -155,6 +192,27 @@ def measure(rundir, *, lever: dict, num: int, epsilon: float, seed: int, work: P
         "secret - base": total(target, secret) - total(ref, secret),
         "white-box projection": (-(grads @ flat_update)).numpy(),
     }
+    if lever.get("references"):
+        # DP reference models: the same trainer, each canary in with probability 1/2 afresh;
+        # a canary's score minus its mean score in the references that left it out
+        rng = np.random.default_rng(seed + 7)
+        ref_scores, ref_in = [], []
+        for r in range(lever["references"]):
+            flags = rng.random(num) < 0.5
+            ref_model, _ = train_with([dataclasses.replace(c, included=bool(f)) for c, f in zip(canaries, flags)],
+                                      seed + 1 + r, f"reference-{r}")
+            sig = compute_signals(ref_model, tok, texts, **kw)
+            ref_scores.append(total(sig, secret) - total(ref, secret))
+            ref_in.append(flags)
+        ref_scores, ref_in = np.array(ref_scores), np.array(ref_in)
+        out_count = (~ref_in).sum(0)
+        out_mean = np.where(out_count > 0, (ref_scores * ~ref_in).sum(0) / np.maximum(out_count, 1),
+                            ref_scores.mean(0))
+        scores["secret - DP references"] = scores["secret - base"] - out_mean
+    pool_ids = tok.convert_tokens_to_ids(new_tokens(spec))
+    contrast = pool_contrast(model, tok, texts, pool_ids, n_secret)
+    scores["secret contrast"] = contrast
+    scores["secret contrast - base"] = contrast - pool_contrast(base, tok, texts, pool_ids, n_secret)
     family = dpsgd_parameters(record)
     significance = 0.05 / (2 * len(scores))
     out = {"sigma": record["noise_multiplier"], "sample_rate": record["sample_rate"], "steps": record["steps"],

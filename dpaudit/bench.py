@@ -19,14 +19,17 @@ model of ``size`` (``small``: the demo's).
                                its resident memory before the step)
 ``dp_step_over_opacus``        our DP step over Opacus' hooks (per-sample gradients), same loop
 ``dp_step_over_opacus_ghost``  our DP step over Opacus' ghost clipping (its fast gradient
-                               clipping module, two backward passes), where it runs on the model
+                               clipping module, two backward passes), both on the model's
+                               untied twin (``lm_head`` a copy of the input embedding): Opacus
+                               refuses tied parameters
 ``signals_over_forward``       :func:`dpaudit.signals.compute_signals` time over a bare forward
                                pass of the same batches (the goal of 0.9 throughput is a ratio
                                of at most 1.11)
 ``validate_over_training``     wall time of ``dpaudit validate`` (the ``tiny`` preset, trainer
-                               ``dpaudit.train:nonprivate``: data, tokenizer, base model,
-                               training, signals, bounds) over the training it contains (the
-                               last ``elapsed_s`` of its train log)
+                               ``dpaudit.train:nonprivate``) over ``dpaudit train`` of the
+                               same run: one non-private training of the same model by the
+                               same tool, data, tokenizer and base model included; each a
+                               fresh process
 =============================  ===============================================================
 
 A ratio that cannot be measured (Opacus not installed, or unable to run on the model) is null,
@@ -45,6 +48,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -65,14 +69,19 @@ MEMORY_BATCH = 64
 # --------------------------------------------------------------------------- models and engines
 
 
-def build_model(size: str, *, vocab: int = VOCAB, seed: int = 0):
-    """A GPT-2-style model of ``size`` (:data:`dpaudit.models.SIZES`), no dropout, train mode."""
+def build_model(size: str, *, vocab: int = VOCAB, seed: int = 0, tied: bool = True):
+    """A GPT-2-style model of ``size`` (:data:`dpaudit.models.SIZES`), no dropout, train mode;
+    ``tied=False``: its twin with the output layer a copy of the input embedding, not the same
+    parameter (Opacus' ghost clipping refuses tied parameters)."""
     from dpaudit.models import SIZES
     from dpaudit.models import build_model as build
 
     if size not in SIZES:
         raise InputError(f"--size must be one of {', '.join(SIZES)}, got {size!r}")
     model = build(size=size, vocab_size=vocab, bos_token_id=0, eos_token_id=0, seed=seed)
+    if not tied:
+        model.config.tie_word_embeddings = False
+        model.lm_head.weight = torch.nn.Parameter(model.transformer.wte.weight.detach().clone())
     return model.train()
 
 
@@ -115,11 +124,15 @@ class OpacusGhostEngine:
             batch = collate(sequences[start : start + self.microbatch_size], pad_id=self.pad_id, device=self.device)
             self._gsm.enable_hooks()
             losses = example_losses(forward_logits(self._gsm, batch), batch.labels)
-            losses.sum().backward(retain_graph=True)
+            with warnings.catch_warnings():  # "Full backward hook is firing ...": the inputs are token ids
+                warnings.filterwarnings("ignore", message="Full backward hook")
+                losses.sum().backward(retain_graph=True)
             coefficients = self._gsm.get_clipping_coef()
             self.model.zero_grad(set_to_none=True)
             self._gsm.disable_hooks()
-            (coefficients.to(losses.device) * losses).sum().backward()
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message="Full backward hook")
+                (coefficients.to(losses.device) * losses).sum().backward()
             for name, p in self.params.items():
                 total[name] += p.grad
                 p.grad, p._norm_sample = None, None
@@ -317,19 +330,40 @@ def signals_vs_forward(size: str, *, device: torch.device, rounds: int, batch: i
     return median["signals"] / median["forward"], median
 
 
-def validate_vs_training() -> tuple[float, dict[str, float]]:
-    """Wall time of ``validate`` (tiny preset, non-private trainer, 16 canaries) over the
-    training inside it (the last ``elapsed_s`` of its train log)."""
-    from dpaudit.stages.validate import MODEL, validate
+def validate_vs_training(*, rounds: int = 1) -> tuple[float, dict[str, float]]:
+    """Wall time of ``dpaudit validate`` (tiny preset, trainer ``dpaudit.train:nonprivate``)
+    over ``dpaudit train`` of the same run (the same config, :func:`validate_overrides`):
+    what validating a trainer costs beyond training its model once. Each command runs in a
+    fresh process (imports, data, tokenizer and base model on both sides), interleaved,
+    medians of ``rounds``. ``details`` also has the training loop alone, from the train log."""
+    from dpaudit.stages.validate import MODEL, validate_overrides
 
+    trainer = "dpaudit.train:nonprivate"
+    sets = [arg for s in validate_overrides(trainer=trainer) for arg in ("--set", s)]
+    commands = {
+        "train": ["train", "--config", "tiny", *sets],
+        "validate": ["validate", "--trainer", trainer, "--epsilon", "1", "--delta", "1e-3", "--config", "tiny"],
+    }
+    env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())}
+    walls: dict[str, list[float]] = {name: [] for name in commands}
+    loop: list[float] = []
     with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "validate"
-        start = time.perf_counter()
-        validate(trainer="dpaudit.train:nonprivate", epsilon=1.0, delta=1e-3, config="tiny", out=out)
-        wall = time.perf_counter() - start
-        log = [json.loads(line) for line in (out / "models" / MODEL / "train_log.jsonl").read_text().splitlines()]
-    training = max(r.get("elapsed_s") or 0.0 for r in log)
-    return wall / training, {"validate_s": wall, "training_s": training}
+        for i in range(rounds):
+            for name, args in commands.items():
+                out = Path(tmp) / f"{name}-{i}"
+                start = time.perf_counter()
+                done = subprocess.run([sys.executable, "-m", "dpaudit", *args, "--out", str(out)], env=env,
+                                      capture_output=True, text=True, check=False)
+                walls[name].append(time.perf_counter() - start)
+                if done.returncode not in (0, 3):  # validate: 3 is "inconclusive" (16 canaries)
+                    tail = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit {done.returncode}"
+                    raise RuntimeError(f"dpaudit {name} failed: {tail}")
+                if name == "validate":
+                    log = (out / "models" / MODEL / "train_log.jsonl").read_text().splitlines()
+                    loop.append(max(json.loads(line).get("elapsed_s") or 0.0 for line in log))
+    median = {f"{name}_s": statistics.median(v) for name, v in walls.items()}
+    median["training_loop_s"] = statistics.median(loop)
+    return median["validate_s"] / median["train_s"], median
 
 
 # --------------------------------------------------------------------------- the bench
@@ -356,9 +390,9 @@ def run_bench(*, size: str = "small", batch: int = 16, rounds: int = 3, repeats:
     details: dict[str, Any] = {"length": LENGTH, "vocab": VOCAB, "rounds": rounds, "repeats": repeats}
     model = build_model(size).to(dev)
     errors: dict[str, str] = dict(missing)
-    main_names = [n for n in ("nonprivate", "dpsgd", "dpsgd_vmap", "opacus", "opacus_ghost") if n in factories]
+    main_names = [n for n in ("nonprivate", "dpsgd", "dpsgd_vmap", "opacus") if n in factories]
     units = random_units(batch)
-    total = rounds * (len(main_names) + 2) + 4 + rounds + (1 if validate else 0)
+    total = rounds * (len(main_names) + 4) + 4 + rounds + (1 if validate else 0)
     bar = Progress(total=total, desc="bench")
     try:
         def run_main(name: str) -> list[float]:
@@ -369,13 +403,28 @@ def run_bench(*, size: str = "small", batch: int = 16, rounds: int = 3, repeats:
         details["seconds_per_step"] = step
         if "dpsgd" in step and "nonprivate" in step:
             result["dp_step_over_nonprivate"] = step["dpsgd"] / step["nonprivate"]
-        for key, name in (("dp_step_over_opacus", "opacus"), ("dp_step_over_opacus_ghost", "opacus_ghost")):
-            if name in step and "dpsgd" in step:
-                result[key] = step["dpsgd"] / step[name]
-            else:
-                reasons[key] = errors.get(name, "not measured")
+        if "opacus" in step and "dpsgd" in step:
+            result["dp_step_over_opacus"] = step["dpsgd"] / step["opacus"]
+        else:
+            reasons["dp_step_over_opacus"] = errors.get("opacus", "not measured")
         if "dpsgd_vmap" in step and "dpsgd" in step:
             details["vmap_step_over_nonprivate"] = step["dpsgd_vmap"] / step["nonprivate"]
+
+        # Opacus' ghost clipping refuses tied parameters (GPT-2's embeddings): both engines
+        # on the model's untied twin
+        untied = build_model(size, tied=False).to(dev)
+
+        def run_untied(name: str) -> list[float]:
+            return time_steps(factories[name], untied, units, batch=batch, microbatch=min(batch, MICROBATCH),
+                              device=dev, private=True, steps=repeats, autocast_dtype=autocast_dtype)
+
+        ghost_names = [n for n in ("dpsgd", "opacus_ghost") if n in factories]
+        step_untied = interleaved(ghost_names, run_untied, rounds=rounds, bar=bar, errors=errors)
+        details["seconds_per_step_untied"] = step_untied
+        if "opacus_ghost" in step_untied and "dpsgd" in step_untied:
+            result["dp_step_over_opacus_ghost"] = step_untied["dpsgd"] / step_untied["opacus_ghost"]
+        else:
+            reasons["dp_step_over_opacus_ghost"] = errors.get("opacus_ghost", "not measured")
 
         big = random_units(256)
 
@@ -409,6 +458,7 @@ def run_bench(*, size: str = "small", batch: int = 16, rounds: int = 3, repeats:
         details["signals_seconds"] = seconds
         if validate:
             ratio, seconds = validate_vs_training()
+            seconds["validate_over_training_loop"] = seconds["validate_s"] / seconds["training_loop_s"]
             result["validate_over_training"] = ratio
             details["validate_seconds"] = seconds
             bar.update(1)

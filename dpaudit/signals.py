@@ -52,7 +52,7 @@ FORMAT_VERSION = 1
 # On CPU the per-token statistics are computed on slices of the logits small enough to
 # stay in cache (a few passes over each slice cost little once it is there). On GPU the
 # slices only bound the temporary memory.
-_CPU_CHUNK_BYTES = 1 << 22
+_CPU_CHUNK_BYTES = 1 << 19
 _GPU_CHUNK_ELEMENTS = 1 << 27
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
@@ -291,25 +291,28 @@ def _encode(tokenizer, texts: list[str], max_length: int) -> list[list[int]]:
 def _chunk_stats(x: torch.Tensor, target: torch.Tensor):
     """Log-prob of ``target`` and mean/std of log p under p, for logits ``x`` [R, V].
 
-    ``x`` is overwritten (it is a slice of logits this module owns). One exponential per
-    logit, the least any exact method needs: ``p = softmax(x)`` is the only
-    transcendental pass, and ``log p = (x - m) - log s`` follows from it, with
-    ``m = max x`` and ``log s = -log max p`` (the largest probability is exactly
-    ``exp(0) / s``). A ``log_softmax`` followed by ``exp`` would cost two exponential
-    passes. Moments are taken of ``y = x - m`` (shift-invariant, and ``y`` is small where
-    the mass is, so ``E[y^2] - E[y]^2`` does not cancel badly); float32 throughout.
-    (``amax`` twice, not one ``max`` with indices: the index-tracking reduction is an
-    order of magnitude slower on CPU.)
+    ``x`` is overwritten (it is a slice of logits this module owns). Seven passes over the
+    slice, one of them an exponential (the least any exact method needs): with
+    ``y = x - max x`` and ``e = exp(y)``, ``s = sum e``, ``log p = y - log s`` and
+
+        E_p[y] = sum(e y) / s,    E_p[y^2] = sum((e y) y) / s,
+
+    so the mean of log p is ``E_p[y] - log s`` and its variance ``E_p[y^2] - E_p[y]^2``.
+    Moments are taken of ``y`` (shift-invariant, and ``y`` is small where the mass is, so
+    the difference does not cancel badly); float32 throughout. ``e`` is overwritten by
+    ``e y``: two [R, V] buffers in all, which is why the CPU slices are small (both stay in
+    a core's L2 cache).
     """
     if x.dtype != torch.float32:
         x = x.float()
-    p = torch.softmax(x, dim=-1)
     y = x.sub_(x.amax(dim=-1, keepdim=True))
-    log_s = torch.log(p.amax(dim=-1)).neg_()
+    e = torch.exp(y)
+    s = e.sum(dim=-1)
+    ey = e.mul_(y)
+    m1 = ey.sum(dim=-1).div_(s)
+    m2 = torch.linalg.vecdot(ey, y).div_(s)  # sum of e y^2 without writing e y^2
+    log_s = s.log_()
     lp = y.gather(1, target.unsqueeze(1)).squeeze(1).sub_(log_s)
-    py = p.mul_(y)
-    m1 = py.sum(dim=-1)
-    m2 = torch.linalg.vecdot(py, y)  # sum of p y^2 without writing p y^2
     var = m2.sub_(m1 * m1).clamp_min_(0.0)
     return lp, m1.sub_(log_s), var.sqrt_()
 

@@ -60,6 +60,24 @@ def test_summary_names_every_row():
     assert all(key in text for key in bench.KEYS if key.startswith(("dp_", "signals", "validate")))
 
 
+def test_untied_twin_has_its_own_output_layer():
+    tied, untied = bench.build_model("tiny"), bench.build_model("tiny", tied=False)
+    assert tied.lm_head.weight is tied.transformer.wte.weight
+    assert untied.lm_head.weight is not untied.transformer.wte.weight
+    assert torch.equal(untied.lm_head.weight, untied.transformer.wte.weight)
+    x = torch.randint(1, bench.VOCAB, (2, 8))
+    assert torch.equal(tied(x).logits, untied(x).logits)  # the same function, separate parameters
+
+
+def test_validate_is_timed_against_train_of_the_same_run():
+    from dpaudit.config import load_config
+    from dpaudit.stages.validate import validate_config, validate_overrides
+
+    sets = validate_overrides(trainer="dpaudit.train:nonprivate")
+    assert load_config("tiny", overrides=sets) == validate_config(trainer="dpaudit.train:nonprivate", canaries=None,
+                                                                  config="tiny", overrides=[])
+
+
 def test_bad_input_is_exit_2(capsys):
     assert main(["bench", "--size", "huge"]) == 2
     assert "--size must be one of" in capsys.readouterr().err
@@ -68,7 +86,8 @@ def test_bad_input_is_exit_2(capsys):
 @pytest.mark.slow
 def test_bench_json_has_every_key(monkeypatch, capsys):
     monkeypatch.setattr(bench, "LENGTH", 16)
-    monkeypatch.setattr(bench, "validate_vs_training", lambda: (2.0, {"validate_s": 2.0, "training_s": 1.0}))
+    monkeypatch.setattr(bench, "validate_vs_training",
+                        lambda: (2.0, {"validate_s": 2.0, "train_s": 1.0, "training_loop_s": 0.5}))
     assert main(["bench", "--json", "--size", "tiny", "--batch", "2", "--rounds", "1"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert set(bench.KEYS) <= set(result)

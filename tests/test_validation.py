@@ -53,6 +53,10 @@ def test_readme_example_on_tiny_is_inconclusive(tmp_path, capsys):
     assert result["ceiling"] <= 3.2 and "canaries" in result["reason"]
     assert set(result) == {"verdict", "reason", "epsilon_lower_bound", "method", "significance", "num_canaries",
                            "num_guesses", "num_correct", "claimed_epsilon", "delta", "ceiling"}
+    # validate runs the stages up to the attack: no extraction, no report
+    model = tmp_path / "v" / "models" / "validate"
+    assert (model / "results").is_dir() and not (model / "extraction.json").exists()
+    assert not (tmp_path / "v" / "report.json").exists()
 
 
 def test_plug_in_without_a_run_directory(plugins, capsys):

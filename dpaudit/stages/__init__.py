@@ -66,11 +66,12 @@ def run(config: Config, *, out: str | Path, force: bool = False, until: str = "r
         command: list[str] | None = None) -> RunResult:
     """Train every model of ``config``, attack them and write the report, in ``out``.
 
-    ``until="train"`` stops after training (``dpaudit train``). Rerunning with the same
-    config on the same ``out`` resumes; ``force=True`` starts over.
+    ``until="train"`` stops after training (``dpaudit train``), ``until="attack"`` after the
+    fleet and attack stages (``dpaudit validate``: no extraction, no report). Rerunning with
+    the same config on the same ``out`` resumes; ``force=True`` starts over.
     """
-    if until not in ("train", "report"):
-        raise InputError(f"until must be train or report, got {until!r}")
+    if until not in ("train", "attack", "report"):
+        raise InputError(f"until must be train, attack or report, got {until!r}")
     preflight(config)
     fresh = force or not RunDir(out).exists()
     rundir = open_run(config, out, force=force, command=command)
@@ -117,7 +118,9 @@ def _run(rundir: RunDir, config: Config, *, until: str, fresh: bool) -> RunResul
             _fail(result, md, "train", err)
     if until == "train":
         return result
-    result.failed.update(attack_run(rundir, config=config, data=data).failed)
+    result.failed.update(attack_run(rundir, config=config, data=data, extract=until == "report").failed)
+    if until == "attack":
+        return result
     from dpaudit.report import build_report
 
     result.report = build_report(rundir)
@@ -131,9 +134,9 @@ def _fail(result: RunResult, md, stage: str, err: BaseException) -> None:
 
 
 def attack_run(rundir: RunDir | str | Path, *, config: Config | None = None, data=None,
-               attacks: Sequence[str] | None = None) -> RunResult:
-    """Fleet, attack and extract stages for every trained model of a run directory, and the
-    multi-run audit (``audit.mode: multi_run``) of the models it names."""
+               attacks: Sequence[str] | None = None, extract: bool = True) -> RunResult:
+    """Fleet, attack and (unless ``extract=False``) extract stages for every trained model of
+    a run directory, and the multi-run audit (``audit.mode: multi_run``) of the models it names."""
     from dpaudit.attacks import available_attacks
     from dpaudit.stages.attack import attack_model, attack_texts, reference_signals, run_delta
     from dpaudit.stages.extract import extract_model
@@ -160,8 +163,9 @@ def attack_run(rundir: RunDir | str | Path, *, config: Config | None = None, dat
             if attacks is not None or not md.attacked():
                 attack_model(rundir, config, md, texts=texts, record_labels=record_labels,
                              canary_labels=canary_labels, references=references, keep=keep, attacks=attacks,
-                             default_delta=delta)
-            extract_model(rundir, config, md)
+                             default_delta=delta, tokenizer=data.tokenizer)
+            if extract:
+                extract_model(rundir, config, md, tokenizer=data.tokenizer)
             md.clear_error()
         except Exception as err:  # noqa: BLE001
             _fail(result, md, "attack", err)

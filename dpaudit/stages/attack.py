@@ -140,14 +140,15 @@ def run_delta(rundir: RunDir, names: Sequence[str]) -> float:
 
 def attack_model(rundir: RunDir, config, md: ModelDir, *, texts: list[str], record_labels: np.ndarray,
                  canary_labels: np.ndarray, references, keep, attacks: Sequence[str] | None = None,
-                 default_delta: float = DEFAULT_DELTA) -> dict[str, Any]:
-    """``models/NAME/results/``: every attack on one model; returns the records' metrics."""
+                 default_delta: float = DEFAULT_DELTA, tokenizer=None) -> dict[str, Any]:
+    """``models/NAME/results/``: every attack on one model; returns the records' metrics.
+    ``tokenizer``: the run's, when the caller has it loaded already."""
     from dpaudit.attacks import AttackInputs, get_attack
     from dpaudit.models import load_model
     from dpaudit.signals import cached_signals
 
     kw = dict(batch_size=config.attack.batch_size, max_length=config.data.max_length, device=config.train.device)
-    tokenizer = rundir.read_tokenizer()
+    tokenizer = tokenizer or rundir.read_tokenizer()
     target = cached_signals(md.root, "target", load_model(md.weights), tokenizer, texts,
                             model_id=model_id(md.weights), **kw)
     inputs = AttackInputs(target=target, texts=texts, references=tuple(references), reference_keep=keep)

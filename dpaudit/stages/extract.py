@@ -99,8 +99,9 @@ def extract_run(rundir: RunDir | str, *, force: bool = False) -> dict[str, dict]
     return out
 
 
-def extract_model(rundir: RunDir, config, md: ModelDir, *, force: bool = False) -> dict:
-    """Write and return the model's extraction results (skipped when already in place)."""
+def extract_model(rundir: RunDir, config, md: ModelDir, *, force: bool = False, tokenizer=None) -> dict:
+    """Write and return the model's extraction results (skipped when already in place);
+    ``tokenizer``: the run's, when the caller has it loaded already."""
     done = None if force else md.read_extraction()
     if done is not None and "k_extractable" in done:  # an older file lacks the later measures
         return done
@@ -111,7 +112,7 @@ def extract_model(rundir: RunDir, config, md: ModelDir, *, force: bool = False) 
     secrets, secret_spec = rundir.read_secrets()
     candidates = rundir.read_candidates()
     notes = mrn_notes(candidates)
-    model, tokenizer = load_model(md.weights), rundir.read_tokenizer()
+    model, tokenizer = load_model(md.weights), tokenizer or rundir.read_tokenizer()
     kw = {"batch_size": config.attack.batch_size, "device": config.train.device}
     extracted = np.zeros(len(canaries), dtype=bool)
     if canaries:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,15 +35,22 @@ JSON_KEYS = ("verdict", "reason", "epsilon_lower_bound", "method", "significance
              "num_correct", "claimed_epsilon", "delta", "ceiling")
 
 
-def validate_config(*, trainer: str, canaries: int | None, config: str | Path, overrides: list[str]) -> Config:
-    """The run ``validate`` makes: the chosen preset with one model trained by ``trainer``,
-    new-token canaries (unless the overrides say otherwise) and no reference fleet."""
+def validate_overrides(*, trainer: str, canaries: int | None = None, overrides: Sequence[str] = ()) -> list[str]:
+    """The ``--set`` overrides that make a preset into the run ``validate`` makes: one model
+    trained by ``trainer``, new-token canaries (unless ``overrides`` say otherwise) and no
+    reference fleet. ``dpaudit train`` with the same overrides trains the same model."""
     sets = ["canaries.set=new_token", "canaries.secrets.num=0", "fleet.num_models=0", *overrides, f"models=[{{name: {MODEL}}}]",
             f"train.trainer={trainer}"]
     if canaries is not None:
         if canaries < 2:
             raise InputError(f"--canaries must be at least 2, got {canaries}")
         sets.append(f"canaries.num={canaries}")
+    return sets
+
+
+def validate_config(*, trainer: str, canaries: int | None, config: str | Path, overrides: list[str]) -> Config:
+    """The run ``validate`` makes (:func:`validate_overrides` on the chosen preset), checked."""
+    sets = validate_overrides(trainer=trainer, canaries=canaries, overrides=overrides)
     cfg = load_config(config, overrides=sets)
     if cfg.canaries.num < 2:
         raise InputError("validate needs canaries: set --canaries (at least 2)")
@@ -59,7 +67,7 @@ def validate(*, trainer: str, epsilon: float, delta: float, canaries: int | None
              command: list[str] | None = None) -> dict[str, Any]:
     """Train once with ``trainer``, audit the canaries, and return the verdict as a dict with
     :data:`JSON_KEYS` (plus ``run_dir``, ``checks`` and the losses that tell whether the model learned)."""
-    from dpaudit.stages import attack_run, run
+    from dpaudit.stages import run
 
     if not (isinstance(epsilon, (int, float)) and math.isfinite(epsilon) and epsilon > 0):
         raise InputError(f"--epsilon must be a positive number, got {epsilon}")
@@ -67,14 +75,14 @@ def validate(*, trainer: str, epsilon: float, delta: float, canaries: int | None
         raise InputError(f"--delta must be in (0, 1), got {delta}")
     cfg = validate_config(trainer=trainer, canaries=canaries, config=config, overrides=list(overrides))
     fresh = not RunDir(out).exists()
-    result = run(cfg, out=out, until="train", command=command)
+    result = run(cfg, out=out, until="attack", command=command)
     if result.failed:
-        if fresh:
-            shutil.rmtree(result.rundir.root, ignore_errors=True)
-        raise InputError(f"the trainer {trainer} failed: {result.failed[MODEL].split(': ', 1)[-1]}")
-    attacked = attack_run(result.rundir, config=cfg)
-    if attacked.failed:
-        raise InputError(f"the audit of {trainer}'s model failed: {attacked.failed[MODEL]}")
+        stage, _, message = result.failed[MODEL].partition(": ")
+        if stage == "train":
+            if fresh:
+                shutil.rmtree(result.rundir.root, ignore_errors=True)
+            raise InputError(f"the trainer {trainer} failed: {message}")
+        raise InputError(f"the audit of {trainer}'s model failed: {result.failed[MODEL]}")
     return verdict_of(result.rundir, epsilon=epsilon, delta=delta)
 
 
