@@ -1,8 +1,8 @@
 """``dpaudit bench``: what DP-SGD and an audit cost, as ratios measured side by side in one process.
 
 Every row is a ratio of two things timed on the same model and the same inputs, in
-interleaved rounds (A, B, C, A, B, C, ...), each figure the median of its rounds, so
-background load hits both sides alike. On CPU torch runs on one thread (``threads``): with
+interleaved rounds (A, B, C, A, B, C, ...): the ratio of each round (A and B timed back to
+back, so a slow spell of the machine hits both) and the median of those ratios. On CPU torch runs on one thread (``threads``): with
 several threads on a shared machine, OpenMP barriers stall whenever another process takes a
 core; and the clock is the process's CPU time, the work done whatever else the machine runs
 (the wall times of a loaded machine swing by 2-3x). On CUDA the clock is the wall time. A step is the gradient engine (per-unit gradients, clipping, noise for DP) plus an AdamW
@@ -208,8 +208,8 @@ def time_steps(factory, model, units, *, batch: int, microbatch: int, device: to
 
 
 def interleaved(names: list[str], run: Callable[[str], list[float]], *, rounds: int, bar: Progress,
-                errors: dict[str, str]) -> dict[str, float]:
-    """Median seconds per step of each name, timed in ``rounds`` interleaved rounds; a name
+                errors: dict[str, str]) -> dict[str, list[float]]:
+    """Per name, the median seconds per step of each of ``rounds`` interleaved rounds; a name
     whose engine fails is dropped, with its error in ``errors``."""
     times: dict[str, list[float]] = {name: [] for name in names}
     for _ in range(rounds):
@@ -217,11 +217,24 @@ def interleaved(names: list[str], run: Callable[[str], list[float]], *, rounds: 
             if name in errors:
                 continue
             try:
-                times[name] += run(name)
+                times[name].append(statistics.median(run(name)))
             except Exception as err:  # noqa: BLE001 - another library's engine: recorded as the reason
                 errors[name] = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:300]
             bar.update(1)
-    return {name: statistics.median(t) for name, t in times.items() if t and name not in errors}
+    return {name: t for name, t in times.items() if t and name not in errors}
+
+
+def paired_ratio(times: dict[str, list[float]], a: str, b: str) -> float | None:
+    """The median over rounds of ``a``'s time over ``b``'s in the same round; None when
+    either was not measured."""
+    if a not in times or b not in times:
+        return None
+    return statistics.median(x / y for x, y in zip(times[a], times[b]))
+
+
+def medians(times: dict[str, list[float]]) -> dict[str, float]:
+    """Median seconds per step of each name, over its rounds."""
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 # --------------------------------------------------------------------------- memory
@@ -326,8 +339,7 @@ def signals_vs_forward(size: str, *, device: torch.device, rounds: int, batch: i
     for _ in range(rounds):
         runs["forward"].append(bare())
         runs["signals"].append(signals())
-    median = {k: statistics.median(v) for k, v in runs.items()}
-    return median["signals"] / median["forward"], median
+    return paired_ratio(runs, "signals", "forward"), medians(runs)
 
 
 def validate_vs_training(*, rounds: int = 1) -> tuple[float, dict[str, float]]:
@@ -347,6 +359,9 @@ def validate_vs_training(*, rounds: int = 1) -> tuple[float, dict[str, float]]:
     env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())}
     walls: dict[str, list[float]] = {name: [] for name in commands}
     loop: list[float] = []
+    # warm-up: the first import of torch and transformers reads them from disk
+    subprocess.run([sys.executable, "-c", "import dpaudit.stages, dpaudit.models, dpaudit.attacks"], env=env,
+                   capture_output=True, check=False)
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(rounds):
             for name, args in commands.items():
@@ -363,13 +378,13 @@ def validate_vs_training(*, rounds: int = 1) -> tuple[float, dict[str, float]]:
                     loop.append(max(json.loads(line).get("elapsed_s") or 0.0 for line in log))
     median = {f"{name}_s": statistics.median(v) for name, v in walls.items()}
     median["training_loop_s"] = statistics.median(loop)
-    return median["validate_s"] / median["train_s"], median
+    return paired_ratio(walls, "validate", "train"), median
 
 
 # --------------------------------------------------------------------------- the bench
 
 
-def run_bench(*, size: str = "small", batch: int = 16, rounds: int = 3, repeats: int = 3, device: str = "auto",
+def run_bench(*, size: str = "small", batch: int = 16, rounds: int = 5, repeats: int = 3, device: str = "auto",
               threads: int = 1, opacus: bool = True, validate: bool = True) -> dict[str, Any]:
     """Measure every row (see the module docstring) and return the ``--json`` object."""
     if batch < 1 or rounds < 1 or repeats < 1:
@@ -400,15 +415,12 @@ def run_bench(*, size: str = "small", batch: int = 16, rounds: int = 3, repeats:
                               device=dev, private=name != "nonprivate", steps=repeats, autocast_dtype=autocast_dtype)
 
         step = interleaved(main_names, run_main, rounds=rounds, bar=bar, errors=errors)
-        details["seconds_per_step"] = step
-        if "dpsgd" in step and "nonprivate" in step:
-            result["dp_step_over_nonprivate"] = step["dpsgd"] / step["nonprivate"]
-        if "opacus" in step and "dpsgd" in step:
-            result["dp_step_over_opacus"] = step["dpsgd"] / step["opacus"]
-        else:
+        details["seconds_per_step"] = medians(step)
+        result["dp_step_over_nonprivate"] = paired_ratio(step, "dpsgd", "nonprivate")
+        result["dp_step_over_opacus"] = paired_ratio(step, "dpsgd", "opacus")
+        if result["dp_step_over_opacus"] is None:
             reasons["dp_step_over_opacus"] = errors.get("opacus", "not measured")
-        if "dpsgd_vmap" in step and "dpsgd" in step:
-            details["vmap_step_over_nonprivate"] = step["dpsgd_vmap"] / step["nonprivate"]
+        details["vmap_step_over_nonprivate"] = paired_ratio(step, "dpsgd_vmap", "nonprivate")
 
         # Opacus' ghost clipping refuses tied parameters (GPT-2's embeddings): both engines
         # on the model's untied twin
@@ -420,10 +432,9 @@ def run_bench(*, size: str = "small", batch: int = 16, rounds: int = 3, repeats:
 
         ghost_names = [n for n in ("dpsgd", "opacus_ghost") if n in factories]
         step_untied = interleaved(ghost_names, run_untied, rounds=rounds, bar=bar, errors=errors)
-        details["seconds_per_step_untied"] = step_untied
-        if "opacus_ghost" in step_untied and "dpsgd" in step_untied:
-            result["dp_step_over_opacus_ghost"] = step_untied["dpsgd"] / step_untied["opacus_ghost"]
-        else:
+        details["seconds_per_step_untied"] = medians(step_untied)
+        result["dp_step_over_opacus_ghost"] = paired_ratio(step_untied, "dpsgd", "opacus_ghost")
+        if result["dp_step_over_opacus_ghost"] is None:
             reasons["dp_step_over_opacus_ghost"] = errors.get("opacus_ghost", "not measured")
 
         big = random_units(256)
@@ -433,10 +444,9 @@ def run_bench(*, size: str = "small", batch: int = 16, rounds: int = 3, repeats:
                               private=name != "nonprivate", steps=1, autocast_dtype=autocast_dtype)
 
         step256 = interleaved(["nonprivate", "dpsgd"], run_big, rounds=rounds, bar=bar, errors=errors)
-        details["seconds_per_step_b256"] = step256
-        if len(step256) == 2:
-            result["dp_step_over_nonprivate_b256"] = step256["dpsgd"] / step256["nonprivate"]
-        else:
+        details["seconds_per_step_b256"] = medians(step256)
+        result["dp_step_over_nonprivate_b256"] = paired_ratio(step256, "dpsgd", "nonprivate")
+        if result["dp_step_over_nonprivate_b256"] is None:
             reasons["dp_step_over_nonprivate_b256"] = "; ".join(errors.values()) or "not measured"
 
         memory: dict[str, list[int]] = {}
@@ -457,7 +467,7 @@ def run_bench(*, size: str = "small", batch: int = 16, rounds: int = 3, repeats:
         result["signals_over_forward"] = ratio
         details["signals_seconds"] = seconds
         if validate:
-            ratio, seconds = validate_vs_training()
+            ratio, seconds = validate_vs_training(rounds=2)
             seconds["validate_over_training_loop"] = seconds["validate_s"] / seconds["training_loop_s"]
             result["validate_over_training"] = ratio
             details["validate_seconds"] = seconds
@@ -478,7 +488,7 @@ def summary(result: dict[str, Any]) -> str:
              "dp_step_over_opacus_ghost": "<= 1.0", "signals_over_forward": "<= 1.11",
              "validate_over_training": "<= 1.5"}
     lines = [(f"model {result['model']} on {result['device']} ({result['precision']}, {result['threads']} thread(s)), "
-              f"batch {result['batch_size']} x {LENGTH} tokens; medians of interleaved rounds, {result['clock']}")]
+              f"batch {result['batch_size']} x {LENGTH} tokens; medians of paired interleaved rounds, {result['clock']}")]
     for key, goal in goals.items():
         value = result[key]
         text = f"{value:.3f}" if value is not None else f"n/a ({result['reasons'].get(key, 'not measured')})"

@@ -134,7 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="DP-SGD step, memory, Opacus, signals and validate cost as side-by-side ratios")
     p.add_argument("--size", default="small", help="model size preset (default: small, the demo's)")
     p.add_argument("--batch", type=int, default=16, metavar="B", help="batch of the step-time rows (default: 16)")
-    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds per row (default: 3)")
+    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds per row (default: 5)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda (default: auto)")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     p.set_defaults(handler=cmd_bench)

@@ -31,7 +31,7 @@ def test_engines_are_timed_side_by_side():
     median = bench.interleaved(["nonprivate", "dpsgd", "dpsgd_vmap"], run, rounds=2,
                                bar=Progress(total=4, desc="test"), errors=errors)
     assert calls == ["nonprivate", "dpsgd", "nonprivate", "dpsgd"]  # interleaved, the failed one left out
-    assert set(median) == {"nonprivate", "dpsgd"} and all(t > 0 for t in median.values())
+    assert set(median) == {"nonprivate", "dpsgd"} and all(len(t) == 2 and min(t) > 0 for t in median.values())
     after = model.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)  # every engine starts from the same model
 
@@ -45,8 +45,16 @@ def test_a_failing_engine_is_a_reason_not_a_crash():
         return [1.0]
 
     median = bench.interleaved(["ok", "broken"], run, rounds=2, bar=Progress(total=4, desc="test"), errors=errors)
-    assert median == {"ok": 1.0}
+    assert median == {"ok": [1.0, 1.0]}
     assert errors == {"broken": "NotImplementedError: Parameter tying is not supported"}
+    assert bench.paired_ratio(median, "broken", "ok") is None
+
+
+def test_ratios_are_paired_by_round():
+    """A slow spell of the machine in one round hits both sides of that round's ratio."""
+    times = {"a": [1.1, 2.2, 1.1], "b": [1.0, 2.0, 1.0]}
+    assert bench.paired_ratio(times, "a", "b") == pytest.approx(1.1)
+    assert bench.medians(times) == {"a": 1.1, "b": 1.0}
 
 
 def test_summary_names_every_row():
@@ -87,7 +95,7 @@ def test_bad_input_is_exit_2(capsys):
 def test_bench_json_has_every_key(monkeypatch, capsys):
     monkeypatch.setattr(bench, "LENGTH", 16)
     monkeypatch.setattr(bench, "validate_vs_training",
-                        lambda: (2.0, {"validate_s": 2.0, "train_s": 1.0, "training_loop_s": 0.5}))
+                        lambda rounds: (2.0, {"validate_s": 2.0, "train_s": 1.0, "training_loop_s": 0.5}))
     assert main(["bench", "--json", "--size", "tiny", "--batch", "2", "--rounds", "1"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert set(bench.KEYS) <= set(result)
