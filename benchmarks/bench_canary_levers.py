@@ -18,7 +18,8 @@ makes one). For each lever the script
 
 Levers: ``default`` (the demo's canaries), ``distinct`` (no token in two canaries),
 ``same_init`` (distinct, and every canary token's embedding set to their mean, so canaries
-start alike), ``lr2e-5`` (distinct, a learning rate ten times smaller), ``lr2e-3`` and ``lr1e-2`` (the
+start alike), ``lr2e-5`` (distinct, a learning rate ten times smaller), ``m4000`` (4,000 canaries),
+``length1`` and ``length16`` (canaries of 1 and 16 new tokens instead of 4), ``lr2e-3`` and ``lr1e-2`` (the
 demo's canaries, a learning rate 10 and 50 times larger), ``sigma0.2``
 (distinct, noise multiplier 0.2 instead of the target epsilon's: how much of the gap is
 noise), ``no_notes`` (distinct, canaries only: how much is interference from the records),
@@ -51,22 +52,26 @@ LEVERS = {
     "lr2e-5": {"distinct": True, "lr": 2e-5},
     "sigma0.2": {"distinct": True, "sigma": 0.2},
     "no_notes": {"distinct": True, "no_notes": True},
+    "m4000": {"num": 4000},
+    "length1": {"length": 1},
+    "length16": {"length": 16},
     "lr2e-3": {"lr": 2e-3},
     "lr1e-2": {"lr": 1e-2},
     "dp_references": {"references": 4},
 }
 
 
-def canary_set(*, num: int, distinct: bool, seed: int):
+def canary_set(*, num: int, distinct: bool, seed: int, length: int | None = None):
     from dpaudit.canaries import load_canary_spec, make_canaries
 
     spec = load_canary_spec("new_token")
-    spec["secret"] = {**spec["secret"], "distinct": distinct}
+    spec["secret"] = {**spec["secret"], "distinct": distinct, "length": length or spec["secret"]["length"]}
     return spec, make_canaries(spec=spec, num_canaries=num, seed=seed)
 
 
-def unit_gradients(model, tokenizer, texts):
-    """Per-text gradients of the mean token NLL (the training loss), as unit vectors."""
+def unit_gradients(model, tokenizer, texts, project=None):
+    """Per-text gradients of the mean token NLL (the training loss), as unit vectors; with
+    ``project`` (a flat vector), each one's inner product with it instead (no gradient kept)."""
     out = []
     model.train(False)
     for text in texts:
@@ -75,7 +80,8 @@ def unit_gradients(model, tokenizer, texts):
         logp = model(ids).logits[0, :-1].log_softmax(-1).gather(1, ids[0, 1:, None])
         (-logp.mean()).backward()
         g = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten() for p in model.parameters()])
-        out.append(g / g.norm())
+        g = g / g.norm()
+        out.append(g if project is None else g @ project)
     return torch.stack(out)
 
 
@@ -134,7 +140,8 @@ def measure(rundir, *, lever: dict, num: int, epsilon: float, seed: int, work: P
     from dpaudit.train import dpsgd
 
     config, tok = rundir.read_config(), rundir.read_tokenizer()
-    spec, canaries = canary_set(num=num, distinct=lever.get("distinct", False), seed=seed)
+    num = lever.get("num", num)
+    spec, canaries = canary_set(num=num, distinct=lever.get("distinct", False), seed=seed, length=lever.get("length"))
     included = np.array([c.included for c in canaries])
     base_dir = equalized_base(rundir, tok, spec, work / "base") if lever.get("same_init") else rundir.base_dir
     base = load_model(base_dir)
@@ -182,15 +189,15 @@ def measure(rundir, *, lever: dict, num: int, epsilon: float, seed: int, work: P
     def total(sig, mask):
         return np.where(mask, sig.logprob, 0.0).sum(1)
 
-    grads = unit_gradients(base, tok, texts)  # same architecture: parameters in the same order
     flat_update = torch.cat([(p.detach() - p0.detach()).flatten() for p, p0 in zip(model.parameters(),
                                                                                   base.parameters())])
+    projection = unit_gradients(base, tok, texts, project=flat_update)  # same architecture: same order
     scores = {
         "loss": total(target, target.mask) / count,
         "secret": total(target, secret),
         "loss - base": (total(target, target.mask) - total(ref, target.mask)) / count,
         "secret - base": total(target, secret) - total(ref, secret),
-        "white-box projection": (-(grads @ flat_update)).numpy(),
+        "white-box projection": (-projection).numpy(),
     }
     if lever.get("references"):
         # DP reference models: the same trainer, each canary in with probability 1/2 afresh;

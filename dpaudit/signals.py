@@ -421,7 +421,7 @@ def compute_signals(
     (and to the model's ``max_position_embeddings``), sorted by length to minimise
     padding, right-padded with an attention mask, and run under ``torch.inference_mode()``
     (bf16 autocast on CUDA); the output rows follow the order of ``texts``. Each logit
-    goes through one exponential (a float32 softmax, in cache-sized slices on CPU), from
+    goes through one exponential (float32, in cache-sized slices on CPU), from
     which the shifted-label log-prob and the mean/std used by Min-K%++ all follow.
 
     Args:
