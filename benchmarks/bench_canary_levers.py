@@ -105,11 +105,24 @@ def pool_contrast(model, tokenizer, texts, pool_ids, n_secret: int, batch: int =
     return np.array(out)
 
 
-def cross_talk(model, tokenizer, canaries) -> dict:
-    g = unit_gradients(model, tokenizer, [c.text for c in canaries[:60]])
+def cross_talk(model, tokenizer, canaries, pool_ids) -> dict:
+    """The pairwise cosines of 60 canaries' gradients, and the share of each one's squared
+    gradient norm on the embedding rows of its own tokens (the parameters nothing else
+    trains when no token is in two canaries)."""
+    texts = [c.text for c in canaries[:60]]
+    g = unit_gradients(model, tokenizer, texts)
     cos = (g @ g.T).numpy()
     off = cos[np.triu_indices(len(cos), 1)]
-    return {"mean_cos": float(off.mean()), "std_cos": float(off.std())}
+    embedding = model.get_input_embeddings().weight
+    if next(model.parameters()) is not embedding:
+        raise ValueError("the input embedding is not the model's first parameter")
+    width, new = embedding.shape[1], set(pool_ids)
+    share = []
+    for text, row in zip(texts, g):
+        own = sorted(set(tokenizer(text)["input_ids"]) & new)
+        share.append(float(row.view(-1)[: embedding.numel()].view(-1, width)[own].square().sum()))
+    return {"mean_cos": float(off.mean()), "std_cos": float(off.std()), "own_rows_share": float(np.mean(share)),
+            "own_rows_share_range": [float(min(share)), float(max(share))]}
 
 
 def equalized_base(rundir, tokenizer, spec, out: Path) -> Path:
@@ -145,7 +158,8 @@ def measure(rundir, *, lever: dict, num: int, epsilon: float, seed: int, work: P
     included = np.array([c.included for c in canaries])
     base_dir = equalized_base(rundir, tok, spec, work / "base") if lever.get("same_init") else rundir.base_dir
     base = load_model(base_dir)
-    talk = cross_talk(base, tok, canaries)
+    pool_ids = tok.convert_tokens_to_ids(new_tokens(spec))
+    talk = cross_talk(base, tok, canaries, pool_ids)
 
     cands = rundir.read_candidates()
     members = [c for c in cands if c["role"] == "member"][: 1 if lever.get("no_notes") else None]
@@ -216,7 +230,6 @@ def measure(rundir, *, lever: dict, num: int, epsilon: float, seed: int, work: P
         out_mean = np.where(out_count > 0, (ref_scores * ~ref_in).sum(0) / np.maximum(out_count, 1),
                             ref_scores.mean(0))
         scores["secret - DP references"] = scores["secret - base"] - out_mean
-    pool_ids = tok.convert_tokens_to_ids(new_tokens(spec))
     contrast = pool_contrast(model, tok, texts, pool_ids, n_secret)
     scores["secret contrast"] = contrast
     scores["secret contrast - base"] = contrast - pool_contrast(base, tok, texts, pool_ids, n_secret)
@@ -261,7 +274,8 @@ def main() -> None:
             r = results[name]
             print(f"\n{name}: sigma {r['sigma']:.2f}, q {r['sample_rate']:.3f}, T {r['steps']}, train {r['train_s']:.0f} s,"
                   f" held-out ppl {r['heldout_perplexity']:.3f}, canary-gradient cosine "
-                  f"{r['cross_talk']['mean_cos']:.2f} +- {r['cross_talk']['std_cos']:.2f}")
+                  f"{r['cross_talk']['mean_cos']:.2f} +- {r['cross_talk']['std_cos']:.2f}, share of its squared "
+                  f"norm on its own token rows {r['cross_talk']['own_rows_share']:.3f}")
             for score, v in r["scores"].items():
                 print(f"  {score:<22} AUC {v['auc']:.3f}   one-run {v['one_run']:.2f}   family {v['family']:.2f}")
     if args.json:
