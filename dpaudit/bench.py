@@ -298,8 +298,9 @@ def _memory_worker(name: str, *, size: str, batch: int, device: torch.device) ->
 
 def signals_vs_forward(size: str, *, device: torch.device, rounds: int, batch: int = 16,
                        texts: int = 128) -> tuple[float, dict[str, float]]:
-    """Median seconds of :func:`dpaudit.signals.compute_signals` over a bare forward pass of the
-    same batches under ``torch.inference_mode()``, interleaved (CPU time on CPU, as the steps)."""
+    """:func:`dpaudit.signals.compute_signals` over a bare forward pass of the same batches under
+    ``torch.inference_mode()``, interleaved (CPU time on CPU, as the steps): the median of the
+    rounds' ratios, and the median seconds of each."""
     import numpy as np
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
@@ -376,8 +377,9 @@ def validate_vs_training(*, rounds: int = 1) -> tuple[float, dict[str, float]]:
                 if name == "validate":
                     log = (out / "models" / MODEL / "train_log.jsonl").read_text().splitlines()
                     loop.append(max(json.loads(line).get("elapsed_s") or 0.0 for line in log))
-    median = {f"{name}_s": statistics.median(v) for name, v in walls.items()}
+    median = {f"{name}_s": seconds for name, seconds in medians(walls).items()}
     median["training_loop_s"] = statistics.median(loop)
+    median["validate_over_training_loop"] = median["validate_s"] / median["training_loop_s"]
     return paired_ratio(walls, "validate", "train"), median
 
 
@@ -468,7 +470,6 @@ def run_bench(*, size: str = "small", batch: int = 16, rounds: int = 5, repeats:
         details["signals_seconds"] = seconds
         if validate:
             ratio, seconds = validate_vs_training(rounds=2)
-            seconds["validate_over_training_loop"] = seconds["validate_s"] / seconds["training_loop_s"]
             result["validate_over_training"] = ratio
             details["validate_seconds"] = seconds
             bar.update(1)
