@@ -206,11 +206,12 @@ def measure(rundir, *, lever: dict, num: int, epsilon: float, seed: int, work: P
     flat_update = torch.cat([(p.detach() - p0.detach()).flatten() for p, p0 in zip(model.parameters(),
                                                                                   base.parameters())])
     projection = unit_gradients(base, tok, texts, project=flat_update)  # same architecture: same order
+    loss, secret_lp, base_secret = total(target, target.mask), total(target, secret), total(ref, secret)
     scores = {
-        "loss": total(target, target.mask) / count,
-        "secret": total(target, secret),
-        "loss - base": (total(target, target.mask) - total(ref, target.mask)) / count,
-        "secret - base": total(target, secret) - total(ref, secret),
+        "loss": loss / count,
+        "secret": secret_lp,
+        "loss - base": (loss - total(ref, target.mask)) / count,
+        "secret - base": secret_lp - base_secret,
         "white-box projection": (-projection).numpy(),
     }
     if lever.get("references"):
@@ -223,7 +224,7 @@ def measure(rundir, *, lever: dict, num: int, epsilon: float, seed: int, work: P
             ref_model, _ = train_with([dataclasses.replace(c, included=bool(f)) for c, f in zip(canaries, flags)],
                                       seed + 1 + r, f"reference-{r}")
             sig = compute_signals(ref_model, tok, texts, **kw)
-            ref_scores.append(total(sig, secret) - total(ref, secret))
+            ref_scores.append(total(sig, secret) - base_secret)
             ref_in.append(flags)
         ref_scores, ref_in = np.array(ref_scores), np.array(ref_in)
         out_count = (~ref_in).sum(0)

@@ -297,8 +297,6 @@ def cmd_audit_model(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    import os
-
     from dpaudit.stages.validate import JSON_KEYS, validate
 
     if os.getcwd() not in sys.path and "" not in sys.path:

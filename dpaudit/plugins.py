@@ -53,8 +53,12 @@ def call_trainer(
     eval_dataset=None,
 ):
     """Call a trainer with the contract's arguments plus the optional ones it accepts."""
+    extra = {"config": config, "run_dir": run_dir, "eval_dataset": eval_dataset}
+    return fn(dataset, tokenizer, seed=seed, **accepted_kwargs(fn, extra))
+
+
+def accepted_kwargs(fn: Callable[..., Any], offered: dict[str, Any]) -> dict[str, Any]:
+    """The entries of ``offered`` that ``fn``'s signature names (all of them if it takes ``**kwargs``)."""
     params = inspect.signature(fn).parameters
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-    extra = {"config": config, "run_dir": run_dir, "eval_dataset": eval_dataset}
-    kwargs = {k: v for k, v in extra.items() if takes_any or k in params}
-    return fn(dataset, tokenizer, seed=seed, **kwargs)
+    return {k: v for k, v in offered.items() if takes_any or k in params}

@@ -144,7 +144,7 @@ def two_sample_mu_bound(*, in_samples, out_samples, significance: float = 0.05, 
     fp = int((sign * ev_out[:, column] > t).sum())
     tn, fn = len(ev_out) - fp, len(ev_in) - tp
     mu = gdp_mu_lower_bound(tp=tp, fp=fp, tn=tn, fn=fn, significance=significance)
-    ceiling = gdp_mu_lower_bound(tp=len(ev_in), fp=0, tn=len(ev_out), fn=0, significance=significance)
+    ceiling = two_sample_mu_ceiling(num_in=len(a_in), num_out=len(a_out), significance=significance)
     return TwoSampleBound(mu=mu, significance=significance, column=int(column), sign=int(sign), threshold=float(t),
                           tp=tp, fp=fp, tn=tn, fn=fn, num_selection=(len(sel_in), len(sel_out)), ceiling=ceiling)
 

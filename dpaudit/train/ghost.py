@@ -291,7 +291,6 @@ class GhostClippingEngine(DPSGDEngine):
         if chunk:
             self._microbatch(chunk, total, stats)
         if big:  # users with more rows than a micro-batch: the materializing path
-            self._setup_vmap()
             part, part_stats = self._summed([units[u] for u in big], self.clipped_sum)
             for name in total:
                 total[name] += part[name]

@@ -506,7 +506,7 @@ def _loop(*, model, tokenizer, engine, spec, train, data, steps, plan, seeds, de
             if grads and not bool(torch.isfinite(torch.stack([g.float().sum() for g in grads])).all()):
                 nonfinite["updates"] += 1
             nonfinite["unit_gradients"] += stats.nonfinite_units
-            nonfinite["losses"] += sum(1 for x in stats.losses if not math.isfinite(x))
+            nonfinite["losses"] += bad
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)

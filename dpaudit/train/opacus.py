@@ -27,6 +27,7 @@ from dpaudit.config import Config
 from dpaudit.errors import InputError
 from dpaudit.train.engine import GradientEngine, StepStats, collate, example_losses, forward_logits
 from dpaudit.train.loop import TrainerSpec, run_training
+from dpaudit.train.step import batch_units
 
 
 def _import_opacus():
@@ -128,7 +129,7 @@ def dpsgd_step(model, batch, *, generator, noise_multiplier: float, max_grad_nor
                             max_grad_norm=max_grad_norm, expected_batch_size=expected_batch_size,
                             loss_reduction="mean", generator=generator)
     try:
-        rows = [row[m.bool()] for row, m in zip(batch["input_ids"], batch["attention_mask"])]
+        rows = [unit[0] for unit in batch_units(batch)]
         collated = collate(rows, pad_id=0, device=next(model.parameters()).device)
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Full backward hook is firing")

@@ -22,11 +22,11 @@ clipping to C, summed, N(0, S^2 C^2 I), divided by B) followed by plain SGD.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
+from dpaudit.plugins import accepted_kwargs
 from dpaudit.train.engine import DPSGDEngine, GradientEngine
 
 __all__ = ["CLAIM_KWARGS", "STEP_LR", "batch_units", "call_step", "dpsgd_step", "make_step"]
@@ -84,7 +84,5 @@ dpsgd_step.__doc__ = (
 def call_step(fn: Callable[..., None], model, batch, *, generator: torch.Generator, noise_multiplier: float,
               max_grad_norm: float, expected_batch_size: int) -> None:
     """Call a step with the contract's arguments plus the claimed parameters it names."""
-    params = inspect.signature(fn).parameters
-    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     claim = dict(zip(CLAIM_KWARGS, (noise_multiplier, max_grad_norm, expected_batch_size)))
-    fn(model, batch, generator=generator, **{k: v for k, v in claim.items() if takes_any or k in params})
+    fn(model, batch, generator=generator, **accepted_kwargs(fn, claim))
