@@ -77,11 +77,11 @@ def validate(*, trainer: str, epsilon: float, delta: float, canaries: int | None
     fresh = not RunDir(out).exists()
     result = run(cfg, out=out, until="attack", command=command)
     if result.failed:
-        stage, _, message = result.failed[MODEL].partition(": ")
-        if stage == "train":
+        error = result.rundir.model(MODEL).read_error() or {}
+        if error.get("stage") == "train":
             if fresh:
                 shutil.rmtree(result.rundir.root, ignore_errors=True)
-            raise InputError(f"the trainer {trainer} failed: {message}")
+            raise InputError(f"the trainer {trainer} failed: {error['message']}")
         raise InputError(f"the audit of {trainer}'s model failed: {result.failed[MODEL]}")
     return verdict_of(result.rundir, epsilon=epsilon, delta=delta)
 
