@@ -288,50 +288,35 @@ def _encode(tokenizer, texts: list[str], max_length: int) -> list[list[int]]:
     return [list(ids) for ids in enc["input_ids"]]
 
 
-def _chunk_stats(x: torch.Tensor, target: torch.Tensor):
-    """Log-prob of ``target`` and mean/std of log p under p, for logits ``x`` [R, V].
-
-    ``x`` is overwritten (it is a slice of logits this module owns). Seven passes over the
-    slice, one of them an exponential (the least any exact method needs): with
-    ``y = x - max x`` and ``e = exp(y)``, ``s = sum e``, ``log p = y - log s`` and
-
-        E_p[y] = sum(e y) / s,    E_p[y^2] = sum((e y) y) / s,
-
-    so the mean of log p is ``E_p[y] - log s`` and its variance ``E_p[y^2] - E_p[y]^2``.
-    Moments are taken of ``y`` (shift-invariant, and ``y`` is small where the mass is, so
-    the difference does not cancel badly); float32 throughout. ``e`` is overwritten by
-    ``e y``: two [R, V] buffers in all, which is why the CPU slices are small (both stay in
-    a core's L2 cache).
-    """
-    if x.dtype != torch.float32:
-        x = x.float()
-    y = x.sub_(x.amax(dim=-1, keepdim=True))
-    e = torch.exp(y)
-    s = e.sum(dim=-1)
-    ey = e.mul_(y)
-    m1 = ey.sum(dim=-1).div_(s)
-    m2 = torch.linalg.vecdot(ey, y).div_(s)  # sum of e y^2 without writing e y^2
-    log_s = s.log_()
-    lp = y.gather(1, target.unsqueeze(1)).squeeze(1).sub_(log_s)
-    var = m2.sub_(m1 * m1).clamp_min_(0.0)
-    return lp, m1.sub_(log_s), var.sqrt_()
-
-
 def _batch_stats(logits: torch.Tensor, input_ids: torch.Tensor, lengths: np.ndarray):
     """float32 numpy ``[3, B, Lb-1]``: logprob, mean, std; 0 beyond each text's length.
 
-    The logits ``[B, Lb, V]`` are walked as one ``[B * Lb, V]`` matrix, over the rows of
-    real tokens only (adjacent texts' rows merged into one run), in chunks: few, large
-    operations, which matters when the intra-op thread pool shares its cores.
+    The logits ``[B, Lb, V]`` (overwritten: this module owns them) are walked as one
+    ``[B * Lb, V]`` matrix, over the rows of real tokens only (adjacent texts' rows merged
+    into one run), in slices that stay in a core's L2 cache on CPU (on GPU the slices only
+    bound the temporary memory). Each slice ``x`` gets eight passes, one of them an
+    exponential (the least any exact method needs): with ``y = x - max x`` (in place) and
+    ``e = exp(y)`` (in one reused buffer, then multiplied by ``y`` in place, twice),
+
+        s = sum e,    E_p[y] = sum(e y) / s,    E_p[y^2] = sum((e y) y) / s,
+
+    so that ``log p = y - log s``, the mean of log p is ``E_p[y] - log s`` and its variance
+    ``E_p[y^2] - E_p[y]^2``. Moments are taken of ``y`` (shift-invariant, and ``y`` is small
+    where the mass is, so the difference does not cancel badly); float32 throughout. The
+    sums land in preallocated rows and are finished once for the whole batch: no pass
+    allocates a slice-sized tensor (fresh buffers cost more in page faults than the
+    arithmetic), and few small operations run per slice.
     """
     bsz, seq, vocab = logits.shape
     dev = logits.device
     flat = logits.reshape(bsz * seq, vocab)  # a view when contiguous (the usual case)
     target = torch.zeros((bsz, seq), dtype=torch.long, device=dev)
     target[:, :-1] = input_ids[:, 1:]
-    target = target.view(-1)  # the last position of a text has no target: computed, then masked
-    out = torch.zeros((3, bsz * seq), dtype=torch.float32, device=dev)
+    target = target.view(-1, 1)  # the last position of a text has no target: computed, then masked
+    # rows of raw sums: sum e, sum e y, sum e y^2, y at the target
+    acc = torch.zeros((4, bsz * seq, 1), dtype=torch.float32, device=dev)
     rows = max(1, (_CPU_CHUNK_BYTES // 4 if dev.type == "cpu" else _GPU_CHUNK_ELEMENTS) // vocab)
+    work = torch.empty((min(rows, bsz * seq), vocab), dtype=torch.float32, device=dev)
     runs: list[list[int]] = []
     for b in range(bsz):
         r0, r1 = b * seq, b * seq + int(lengths[b])
@@ -342,12 +327,21 @@ def _batch_stats(logits: torch.Tensor, input_ids: torch.Tensor, lengths: np.ndar
     for r0, r1 in runs:
         for c0 in range(r0, r1, rows):
             c1 = min(r1, c0 + rows)
-            lp, mean, std = _chunk_stats(flat[c0:c1], target[c0:c1])
-            out[0, c0:c1] = lp
-            out[1, c0:c1] = mean
-            out[2, c0:c1] = std
-    out = out.view(3, bsz, seq)[:, :, :-1]
+            y = flat[c0:c1].float()  # bf16 logits (CUDA autocast) one slice at a time
+            e = work[: c1 - c0]
+            y.sub_(y.amax(dim=-1, keepdim=True))
+            torch.exp(y, out=e)
+            torch.sum(e, dim=-1, keepdim=True, out=acc[0, c0:c1])
+            torch.sum(e.mul_(y), dim=-1, keepdim=True, out=acc[1, c0:c1])
+            torch.sum(e.mul_(y), dim=-1, keepdim=True, out=acc[2, c0:c1])
+            torch.gather(y, 1, target[c0:c1], out=acc[3, c0:c1])
+    s, m1, m2, y_target = acc.view(4, bsz, seq)[:, :, :-1]
     keep = torch.arange(seq - 1, device=dev)[None, :] < torch.as_tensor(lengths - 1, device=dev)[:, None]
+    s = torch.where(keep, s, 1.0)  # rows never computed hold 0
+    log_s = s.log()
+    m1 = m1 / s
+    var = (m2 / s).sub_(m1 * m1).clamp_min_(0.0)
+    out = torch.stack([y_target - log_s, m1 - log_s, var.sqrt_()])
     return (out * keep).cpu().numpy()
 
 

@@ -310,25 +310,30 @@ def test_fingerprint_separates_inputs():
 
 
 @pytest.mark.parametrize("kind", ["gpt2_like", "peaked", "flat"])
-def test_chunk_stats_numerics_against_float64(kind):
-    from dpaudit.signals import _chunk_stats
+def test_batch_stats_numerics_against_float64(kind):
+    """Two texts of 64 and 40 tokens, 5,000-way logits: several cache-sized slices, rows
+    beyond a text's length skipped and zeroed, against float64 log-softmax."""
+    from dpaudit.signals import _batch_stats
 
     gen = torch.Generator().manual_seed(0)
-    x = torch.randn(64, 5000, generator=gen)
+    x = torch.randn(2, 64, 5000, generator=gen)
     if kind == "gpt2_like":  # large negative logits, spread of a few nats
         x = -100.0 + 4.0 * x
     elif kind == "peaked":  # one dominant token per row
         x = 2.0 * x
-        x[:, 7] += 30.0
+        x[..., 7] += 30.0
     else:
         x = 1e-3 * x
-    target = torch.randint(0, 5000, (64,), generator=gen)
-    x64 = x.double()
-    logp = torch.log_softmax(x64, -1)
+    ids = torch.randint(0, 5000, (2, 64), generator=gen)
+    lengths = np.array([64, 40])
+    logp = torch.log_softmax(x.double(), -1)[:, :-1]
     p = logp.exp()
     mean = (p * logp).sum(-1)
-    std = (p * (logp - mean[:, None]) ** 2).sum(-1).sqrt()
-    lp, m, s = _chunk_stats(x.clone(), target)
-    np.testing.assert_allclose(lp.numpy(), logp.gather(1, target[:, None])[:, 0].numpy(), atol=1e-4, rtol=1e-6)
-    np.testing.assert_allclose(m.numpy(), mean.numpy(), atol=1e-4, rtol=1e-6)
-    np.testing.assert_allclose(s.numpy(), std.numpy(), atol=1e-4, rtol=1e-4)
+    std = (p * (logp - mean[..., None]) ** 2).sum(-1).sqrt()
+    lp = logp.gather(2, ids[:, 1:, None])[..., 0]
+    keep = (torch.arange(63)[None, :] < torch.as_tensor(lengths - 1)[:, None]).double()
+    got = _batch_stats(x.clone(), ids, lengths)
+    assert got.shape == (3, 2, 63) and got.dtype == np.float32
+    np.testing.assert_allclose(got[0], (lp * keep).numpy(), atol=1e-4, rtol=1e-6)
+    np.testing.assert_allclose(got[1], (mean * keep).numpy(), atol=1e-4, rtol=1e-6)
+    np.testing.assert_allclose(got[2], (std * keep).numpy(), atol=1e-4, rtol=1e-4)
