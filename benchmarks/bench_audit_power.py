@@ -1,6 +1,6 @@
 """How close do the one-run black-box bounds come to the accountant's epsilon on DP models?
 
-    python benchmarks/bench_audit_power.py [--run DIR] [--out DIR] [--trials 20] [--json]
+    python benchmarks/bench_audit_power.py [--run DIR] [--out DIR] [--isolated] [--trials 20] [--json]
 
 Trains the demo preset's DP-SGD models at epsilon 1, 4 and 16 (note level, one run, the
 demo's canaries; with ``--run DIR``, reads a finished ``dpaudit run`` instead) and prints,
@@ -17,6 +17,10 @@ per model:
   audit of this training regime can show with m canaries;
 * the last-iterate heuristic epsilon (Steinke et al. 2025, arXiv 2410.06186), what any
   audit of the final model alone can hope to show.
+
+``--isolated`` audits the design ``dpaudit validate`` uses: 2,000 ``new_token_bare``
+canaries, only the input embedding trains, the reference attack calibrated by the base model
+alone, and full-batch DP-SGD (q = 1, 10 steps), the regime whose last iterate shows the most.
 """
 
 from __future__ import annotations
@@ -113,10 +117,25 @@ def measure(report: dict, *, trials: int) -> list[dict]:
     return rows
 
 
+def full_batch(config) -> int:
+    """The number of protected units the models of a run of ``config`` train on (the members
+    and the included canaries), from its data prepared in a scratch directory (preparation is
+    seeded): the batch size of q = 1."""
+    from dpaudit.rundir import RunDir
+    from dpaudit.stages.prepare import derive_seeds, load_prepared, prepare
+
+    with tempfile.TemporaryDirectory(prefix="dpaudit-count-") as scratch:
+        rundir, seeds = RunDir(Path(scratch) / "run"), derive_seeds(config.seed)
+        prepare(rundir, config, seeds)
+        data = load_prepared(rundir, config, seeds)
+        return len(data.train_set) if config.train.dp.unit == "example" else len(set(data.train_set["unit_id"]))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run", type=Path, help="a finished run directory to read instead of training")
     parser.add_argument("--out", type=Path, help="where to train (default: a temporary directory)")
+    parser.add_argument("--isolated", action="store_true", help="validate's canary design, full-batch DP-SGD")
     parser.add_argument("--trials", type=int, default=20)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
@@ -126,10 +145,16 @@ def main() -> None:
 
     if args.run is None:
         out = args.out or Path(tempfile.mkdtemp(prefix="dpaudit-power-")) / "run"
+        regime = ""
+        overrides = ["fleet.num_models=0"]
+        if args.isolated:
+            overrides += ["canaries.set=new_token_bare", "canaries.num=2000", "model.trainable=input_embeddings",
+                          "attack.attacks=[reference]"]
+            regime = f", batch_size: {full_batch(load_config('demo', overrides=overrides))}, steps: 10"
         models = "models=[" + ", ".join(
-            f'{{name: {n}, train: {{trainer: "dpaudit.train:dpsgd", dp: {{target_epsilon: {n.rsplit("eps", 1)[1]}}}}}}}'
-            for n in MODELS) + "]"
-        result = dpaudit.run(load_config("demo", overrides=[models, "fleet.num_models=0"]), out=out)
+            f'{{name: {n}, train: {{trainer: "dpaudit.train:dpsgd", dp: {{target_epsilon: {n.rsplit("eps", 1)[1]}}}'
+            f'{regime}}}}}' for n in MODELS) + "]"
+        result = dpaudit.run(load_config("demo", overrides=[models, *overrides]), out=out)
         run = result.rundir.root
     else:
         run = args.run

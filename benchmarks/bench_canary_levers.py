@@ -58,28 +58,35 @@ LEVERS = {
     "lr2e-3": {"lr": 2e-3},
     "lr1e-2": {"lr": 1e-2},
     "dp_references": {"references": 4},
+    "isolated": {"distinct": True, "bare": True, "trainable": "input_embeddings"},
+    "isolated_prefixed": {"distinct": True, "trainable": "input_embeddings"},
+    "isolated_q1": {"distinct": True, "bare": True, "trainable": "input_embeddings", "q": 1.0, "steps": 10},
+    "isolated_q1_m2000": {"distinct": True, "bare": True, "trainable": "input_embeddings", "q": 1.0, "steps": 10,
+                          "num": 2000, "length": 2},
 }
 
 
-def canary_set(*, num: int, distinct: bool, seed: int, length: int | None = None):
+def canary_set(*, num: int, distinct: bool, seed: int, length: int | None = None, bare: bool = False):
     from dpaudit.canaries import load_canary_spec, make_canaries
 
-    spec = load_canary_spec("new_token")
+    spec = load_canary_spec("new_token_bare" if bare else "new_token")
     spec["secret"] = {**spec["secret"], "distinct": distinct, "length": length or spec["secret"]["length"]}
     return spec, make_canaries(spec=spec, num_canaries=num, seed=seed)
 
 
-def unit_gradients(model, tokenizer, texts, project=None):
-    """Per-text gradients of the mean token NLL (the training loss), as unit vectors; with
-    ``project`` (a flat vector), each one's inner product with it instead (no gradient kept)."""
+def unit_gradients(model, tokenizer, texts, project=None, embedding_only: bool = False):
+    """Per-text gradients of the mean token NLL (the training loss), as unit vectors, over every
+    parameter or (``embedding_only``) the input embedding alone; with ``project`` (a flat
+    vector), each one's inner product with it instead (no gradient kept)."""
     out = []
     model.train(False)
+    params = [model.get_input_embeddings().weight] if embedding_only else list(model.parameters())
     for text in texts:
         ids = torch.tensor([tokenizer(text)["input_ids"]])
         model.zero_grad(set_to_none=True)
         logp = model(ids).logits[0, :-1].log_softmax(-1).gather(1, ids[0, 1:, None])
         (-logp.mean()).backward()
-        g = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten() for p in model.parameters()])
+        g = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten() for p in params])
         g = g / g.norm()
         out.append(g if project is None else g @ project)
     return torch.stack(out)
@@ -99,18 +106,19 @@ def pool_contrast(model, tokenizer, texts, pool_ids, n_secret: int, batch: int =
             logp = model(**enc).logits.float().log_softmax(-1)
             for row in range(logp.shape[0]):
                 n = int(enc["attention_mask"][row].sum())
-                ids = enc["input_ids"][row, n - n_secret:n]
-                lp = logp[row, n - n_secret - 1:n - 1]  # the predictions of the secret tokens
+                k = min(n_secret, n - 1)  # a canary with no prefix: its first token is not predicted
+                ids = enc["input_ids"][row, n - k:n]
+                lp = logp[row, n - k - 1:n - 1]  # the predictions of the secret tokens
                 out.append(float((lp.gather(1, ids[:, None]).squeeze(1) - lp[:, pool].mean(1)).sum()))
     return np.array(out)
 
 
-def cross_talk(model, tokenizer, canaries, pool_ids) -> dict:
-    """The pairwise cosines of 60 canaries' gradients, and the share of each one's squared
-    gradient norm on the embedding rows of its own tokens (the parameters nothing else
-    trains when no token is in two canaries)."""
+def cross_talk(model, tokenizer, canaries, pool_ids, embedding_only: bool = False) -> dict:
+    """The pairwise cosines of 60 canaries' gradients (over the parameters that train), and the
+    share of each one's squared gradient norm on the embedding rows of its own tokens (the
+    parameters nothing else trains when no token is in two canaries)."""
     texts = [c.text for c in canaries[:60]]
-    g = unit_gradients(model, tokenizer, texts)
+    g = unit_gradients(model, tokenizer, texts, embedding_only=embedding_only)
     cos = (g @ g.T).numpy()
     off = cos[np.triu_indices(len(cos), 1)]
     embedding = model.get_input_embeddings().weight
@@ -154,12 +162,14 @@ def measure(rundir, *, lever: dict, num: int, epsilon: float, seed: int, work: P
 
     config, tok = rundir.read_config(), rundir.read_tokenizer()
     num = lever.get("num", num)
-    spec, canaries = canary_set(num=num, distinct=lever.get("distinct", False), seed=seed, length=lever.get("length"))
+    spec, canaries = canary_set(num=num, distinct=lever.get("distinct", False), seed=seed, length=lever.get("length"),
+                                bare=lever.get("bare", False))
+    embedding_only = lever.get("trainable") == "input_embeddings"
     included = np.array([c.included for c in canaries])
     base_dir = equalized_base(rundir, tok, spec, work / "base") if lever.get("same_init") else rundir.base_dir
     base = load_model(base_dir)
     pool_ids = tok.convert_tokens_to_ids(new_tokens(spec))
-    talk = cross_talk(base, tok, canaries, pool_ids)
+    talk = cross_talk(base, tok, canaries, pool_ids, embedding_only=embedding_only)
 
     cands = rundir.read_candidates()
     members = [c for c in cands if c["role"] == "member"][: 1 if lever.get("no_notes") else None]
@@ -180,9 +190,13 @@ def measure(rundir, *, lever: dict, num: int, epsilon: float, seed: int, work: P
                                  max_length=config.data.max_length)
         # the same sampling rate as with every member: fewer units, a proportionally smaller batch
         batch = max(1, round(base_cfg.train.batch_size * (len(rows) + ins) / (num_members + ins)))
-        cfg = dataclasses.replace(base_cfg, model=dataclasses.replace(base_cfg.model, base_model=str(base_dir)),
+        if "q" in lever:
+            batch = max(1, int(lever["q"] * (len(set(rows["unit_id"])) + ins)))  # protected units: patients, canaries
+        cfg = dataclasses.replace(base_cfg, model=dataclasses.replace(base_cfg.model, base_model=str(base_dir),
+                                                                      trainable=lever.get("trainable", "all")),
                                   train=dataclasses.replace(base_cfg.train, lr=lever.get("lr", base_cfg.train.lr),
-                                                            dp=dp, batch_size=batch, eval_every=10**9))
+                                                            dp=dp, batch_size=batch, eval_every=10**9,
+                                                            steps=lever.get("steps", base_cfg.train.steps)))
         run_dir = work / name
         shutil.rmtree(run_dir, ignore_errors=True)
         return dpsgd(train, tok, seed=model_seed, config=cfg, run_dir=run_dir, eval_dataset=heldout), run_dir
@@ -205,7 +219,9 @@ def measure(rundir, *, lever: dict, num: int, epsilon: float, seed: int, work: P
 
     flat_update = torch.cat([(p.detach() - p0.detach()).flatten() for p, p0 in zip(model.parameters(),
                                                                                   base.parameters())])
-    projection = unit_gradients(base, tok, texts, project=flat_update)  # same architecture: same order
+    if embedding_only:  # nothing else moved
+        flat_update = (model.get_input_embeddings().weight - base.get_input_embeddings().weight).detach().flatten()
+    projection = unit_gradients(base, tok, texts, project=flat_update, embedding_only=embedding_only)
     loss, secret_lp, base_secret = total(target, target.mask), total(target, secret), total(ref, secret)
     scores = {
         "loss": loss / count,

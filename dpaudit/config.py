@@ -90,6 +90,9 @@ class ModelConfig:
     base_model: str | None = None  # a local AutoModelForCausalLM directory (or hub name)
     trust_remote_code: bool = False
     lora: LoraConfig = field(default_factory=LoraConfig)
+    # which parameters train: all, or the input embedding matrix alone (with tied embeddings
+    # also the output layer), where a canary of new tokens has parameters of its own
+    trainable: Literal["all", "input_embeddings"] = "all"
 
 
 @dataclass
@@ -435,6 +438,9 @@ def validate(config: Config) -> None:
         p = config.pretrain
         for key in ("lr", "epochs", "steps", "batch_size", "microbatch_size"):
             positive(f"pretrain.{key}", getattr(p, key))
+    if config.model.trainable != "all" and config.model.lora.enabled:
+        raise InputError(f"config key model.trainable: {config.model.trainable} and model.lora.enabled both "
+                         "choose the parameters that train; set one of them")
     names = config.model_names()
     if not names:
         raise InputError("config key models must list at least one model")

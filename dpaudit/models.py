@@ -104,7 +104,8 @@ def check_tokenizer_fits(model_path: str | Path, tokenizer, *, trust_remote_code
 def make_model(config: ModelConfig, tokenizer, *, seed: int) -> PreTrainedModel:
     """The model a run trains: built from ``config.size`` or loaded from ``config.base_model``;
     its embedding grows to fit tokens added to the tokenizer (new-token canaries);
-    with ``config.lora.enabled`` it is wrapped in ``peft`` LoRA adapters."""
+    with ``config.lora.enabled`` it is wrapped in ``peft`` LoRA adapters, and with
+    ``config.trainable: input_embeddings`` every other parameter is frozen."""
     if config.base_model:
         model = load_model(config.base_model, trust_remote_code=config.trust_remote_code)
         if len(tokenizer) > model.get_input_embeddings().weight.shape[0]:
@@ -120,6 +121,19 @@ def make_model(config: ModelConfig, tokenizer, *, seed: int) -> PreTrainedModel:
     model.config.pad_token_id = tokenizer.pad_token_id
     if config.lora.enabled:
         model = add_lora(model, config)
+    return restrict_trainable(model, config.trainable)
+
+
+def restrict_trainable(model: PreTrainedModel, trainable: str) -> PreTrainedModel:
+    """Freeze every parameter but the ones ``trainable`` names (``model.trainable``): ``all``
+    changes nothing; ``input_embeddings`` leaves the input embedding matrix alone trainable
+    (and with it the output layer, when the two are tied). Returns ``model``."""
+    if trainable == "input_embeddings":
+        embedding = model.get_input_embeddings().weight
+        for p in model.parameters():
+            p.requires_grad_(p is embedding)
+    elif trainable != "all":
+        raise InputError(f"model.trainable must be all or input_embeddings, got {trainable!r}")
     return model
 
 

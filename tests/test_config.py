@@ -34,6 +34,8 @@ def test_overrides_and_round_trip(tmp_path):
         (["train.dp.noise_multiplier=0"], "train.dp.noise_multiplier must be > 0"),
         (["train.dp.delta=1.5"], "train.dp.delta must be in (0, 1)"),
         (["model=3"], "config key model must be a mapping"),
+        (["model.trainable=heads"], "model.trainable must be one of"),
+        (["model.trainable=input_embeddings", "model.lora.enabled=true"], "set one of them"),
         (["train.lr"], "--set expects key=value"),
         (["train.batch_size.x=1"], "train.batch_size is not a section"),
         (["attack.attacks=[loss,lirra]"], "attack.attacks names unknown attack(s) lirra"),

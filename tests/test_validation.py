@@ -115,3 +115,19 @@ def test_accounting_that_is_not_of_the_training_run_is_caught():
     assert "284 steps" in accounting_mismatch({**right, "steps": 284, "sample_rate": 8.0 / 561}, checks)
     assert "sampling rate" in accounting_mismatch({**right, "sample_rate": 8.0 / 561}, checks)
     assert accounting_mismatch(right, None) is None and accounting_mismatch(None, checks) is None
+
+
+def test_validate_isolates_its_canaries_unless_told_otherwise():
+    """By default: prefix-free distinct new-token canaries, only the input embedding trains,
+    and (with a base model) the one attack chosen in advance; --set wins over each."""
+    from dpaudit.stages.validate import validate_config
+
+    cfg = validate_config(trainer="dpaudit.train:dpsgd", canaries=None, config="tiny", overrides=[])
+    assert cfg.canaries.set == "new_token_bare" and cfg.model.trainable == "input_embeddings"
+    assert cfg.attack.attacks == ["reference"] and cfg.model_names() == ["validate"]
+    cfg = validate_config(trainer="dpaudit.train:dpsgd", canaries=None, config="tiny",
+                          overrides=["canaries.set=new_token", "model.trainable=all", "attack.attacks=[loss]"])
+    assert (cfg.canaries.set, cfg.model.trainable, cfg.attack.attacks) == ("new_token", "all", ["loss"])
+    cfg = validate_config(trainer="dpaudit.train:dpsgd", canaries=None, config="tiny",
+                          overrides=["pretrain.enabled=false"])
+    assert cfg.attack.attacks == []  # no base model: every attack the inputs allow

@@ -20,7 +20,8 @@ Four outcomes, decided in this order (exit statuses of the command line in brack
    that bound's delta (the accountant's epsilon at that delta when a curve is given). This
    wins over everything below: a violation seen is a violation, however weak the audit.
 3. ``"inconclusive"`` (3) -- the audit could not have seen a violation: the model learned
-   nothing (held-out loss no better than at initialisation), or the method's ceiling for
+   nothing (held-out loss no better than at initialisation, and no sound bound above 0,
+   which would show that the canaries moved it), or the method's ceiling for
    these canaries is at or below the claim, or no sound bound was computed.
 4. ``"consistent"`` (0) -- no sound bound exceeds the claim, though one could have. Not a
    proof of privacy.
@@ -236,7 +237,7 @@ def decide(
     claim_ref = claim if best is None else claim_at(best[1].delta)
 
     # 3. Inconclusive: the audit could not have seen a violation.
-    if learned is False:
+    if learned is False and (best is None or best[1].epsilon <= 0):  # a bound above 0: the canaries moved it
         reason = (
             "The model learned nothing (its loss is no better than at initialisation), so an audit "
             "of it cannot see a violation of the claim; train a model that learns, then audit it."

@@ -106,17 +106,41 @@ def attack_texts(data) -> tuple[list[str], np.ndarray, np.ndarray]:
 
 
 def reference_signals(rundir: RunDir, config, fleet, texts: list[str], tokenizer):
-    """Signals of the fleet's models (cached in ``signals/``) and their keep matrix."""
-    if fleet is None:
-        return (), None
+    """Signals of the fleet's models (cached in ``signals/``) and their keep matrix. Without a
+    fleet, the base model every model fine-tunes (``base/``, or the user's ``model.base_model``)
+    is the one reference, out for every text: it trained on no record and no canary, so
+    calibrating by it (Watson et al. 2022, arXiv 2111.08440) keeps the canary bounds sound.
+    None of either: no reference."""
     from dpaudit.models import load_model
     from dpaudit.signals import cached_signals
 
-    keep, dirs = fleet
     kw = dict(batch_size=config.attack.batch_size, max_length=config.data.max_length, device=config.train.device)
+    if fleet is None:
+        base = start_model(rundir, config, tokenizer)
+        if base is None:
+            return (), None
+        ref = cached_signals(rundir.root, "base", load_model(base, trust_remote_code=config.model.trust_remote_code),
+                             tokenizer, texts, model_id=model_id(Path(base)) if Path(base).is_dir() else str(base), **kw)
+        return (ref,), None
+    keep, dirs = fleet
     refs = tuple(cached_signals(rundir.root, f"reference-{j:03d}", load_model(d), tokenizer, texts,
                                 model_id=model_id(d), **kw) for j, d in enumerate(dirs))
     return refs, keep
+
+
+def start_model(rundir: RunDir, config, tokenizer) -> Path | str | None:
+    """The weights every model of the run starts from, when they are saved as they are: the
+    run's ``base/``, or the user's ``model.base_model`` when its embedding covers the
+    tokenizer (else each model grows it with rows of its own); None for models built fresh."""
+    if rundir.base_complete():
+        return rundir.base_dir
+    base = config.model.base_model
+    if base is None:
+        return None
+    from dpaudit.models import load_model_config
+
+    rows = getattr(load_model_config(base, trust_remote_code=config.model.trust_remote_code), "vocab_size", None)
+    return base if rows is not None and rows >= len(tokenizer) else None
 
 
 def claimed_family(record: dict[str, Any], config) -> dict[str, Any] | None:

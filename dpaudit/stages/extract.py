@@ -52,6 +52,7 @@ from collections import defaultdict
 
 import numpy as np
 
+from dpaudit.errors import InputError
 from dpaudit.rundir import ModelDir, RunDir
 
 #: Notes scored per (group, role) at most; beyond it a seeded sample of whole patients.
@@ -116,12 +117,13 @@ def extract_model(rundir: RunDir, config, md: ModelDir, *, force: bool = False, 
     kw = {"batch_size": config.attack.batch_size, "device": config.train.device}
     extracted = np.zeros(len(canaries), dtype=bool)
     if canaries:
-        extracted = greedy_extracted(model, tokenizer,
-                                     prefixes=[c.prefix for c in canaries], targets=[c.secret for c in canaries], **kw)
+        split = [_split_canary(c, tokenizer) for c in canaries]
+        extracted = greedy_extracted(model, tokenizer, prefixes=[p for p, _ in split], targets=[t for _, t in split],
+                                     **kw)
     included = np.array([c.included for c in canaries], dtype=bool)
     result = {
         **secret_canaries(model, tokenizer, secrets, secret_spec, config=config),
-        "method": "greedy decoding from the canary prefix",
+        "method": "greedy decoding from the canary prefix (from its first token, for a canary with none)",
         "included_extracted": int(extracted[included].sum()),
         "included_total": int(included.sum()),
         "excluded_extracted": int(extracted[~included].sum()),
@@ -135,6 +137,18 @@ def extract_model(rundir: RunDir, config, md: ModelDir, *, force: bool = False, 
     }
     md.write_extraction(result)
     return md.read_extraction()
+
+
+def _split_canary(canary, tokenizer) -> tuple[str, str]:
+    """``(prefix, target)`` for greedy extraction: the canary's own, or for a canary with no
+    prefix (``new_token_bare``), its first token and the rest (a model cannot be prompted
+    with nothing when its tokenizer adds no BOS token)."""
+    if canary.prefix:
+        return canary.prefix, canary.secret
+    first = tokenizer.decode(tokenizer(canary.secret, add_special_tokens=False)["input_ids"][:1])
+    if not canary.secret.startswith(first) or first == canary.secret:
+        raise InputError(f"canary {canary.id} has no prefix and no first token to start extraction from")
+    return first, canary.secret[len(first):]
 
 
 # ----------------------------------------------------------------------------------------

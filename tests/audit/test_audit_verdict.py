@@ -115,10 +115,13 @@ def test_the_accountant_sets_the_claim_compared_with_the_ceiling():
 
 # --------------------------------------------------------------- inconclusive
 def test_a_model_that_learned_nothing_is_inconclusive():
-    v = run([("loss", bound(eps=0.1))], claimed=3.0, learned=False, ceiling=10.0)
+    v = run([("loss", bound(eps=0.0))], claimed=3.0, learned=False, ceiling=10.0)
     assert v.status == "inconclusive" and v.exit_code == 3
     for phrase in ("learned nothing", "initialisation", "cannot see a violation", "train a model that learns"):
         assert phrase in v.reason
+    # a sound bound above 0 shows that the canaries moved the model, whatever its loss did
+    v = run([("loss", bound(eps=0.1))], claimed=3.0, learned=False, ceiling=10.0)
+    assert v.status == "consistent" and v.epsilon_lower_bound == 0.1
 
 
 @pytest.mark.parametrize("ceiling", [2.5, 3.0])

@@ -37,3 +37,28 @@ def test_null_scores_at_one_half_violate_within_the_significance():
         for _ in range(trials)
     )
     assert above / trials <= 0.05 + 2 * np.sqrt(0.05 * 0.95 / trials)
+
+
+def test_start_model_is_the_reference_without_a_fleet(tmp_path):
+    """The weights every model starts from: the run's base/, else the user's base model when
+    its embedding covers the tokenizer (then no model grows rows of its own), else none."""
+    from types import SimpleNamespace
+
+    from dpaudit.models import build_model
+    from dpaudit.rundir import RunDir
+    from dpaudit.stages.attack import start_model
+
+    def config(base):
+        return SimpleNamespace(model=SimpleNamespace(base_model=base, trust_remote_code=False))
+
+    tokenizer = list(range(120))  # only its length counts
+    user = tmp_path / "user"
+    build_model(size="tiny", vocab_size=120, bos_token_id=0, eos_token_id=0, seed=0).save_pretrained(user)
+    small = tmp_path / "small"
+    build_model(size="tiny", vocab_size=100, bos_token_id=0, eos_token_id=0, seed=0).save_pretrained(small)
+    run = RunDir(tmp_path / "run")
+    assert start_model(run, config(None), tokenizer) is None
+    assert start_model(run, config(str(user)), tokenizer) == str(user)
+    assert start_model(run, config(str(small)), tokenizer) is None  # each model grows rows of its own
+    build_model(size="tiny", vocab_size=120, bos_token_id=0, eos_token_id=0, seed=0).save_pretrained(run.base_dir)
+    assert start_model(run, config(None), tokenizer) == run.base_dir

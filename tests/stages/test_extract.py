@@ -108,7 +108,7 @@ def test_patient_secrets_agree_with_a_naive_loop(tmp_path, clinical_candidates):
     hit = greedy_extracted(model, tok, prefixes=[c.prefix for c in canaries], targets=[c.secret for c in canaries],
                            device="cpu")
     inc = np.array([c.included for c in canaries])
-    assert result["method"] == "greedy decoding from the canary prefix"
+    assert result["method"].startswith("greedy decoding from the canary prefix")
     assert result["included_extracted"] == int(hit[inc].sum()) and result["included_total"] == int(inc.sum())
     assert result["excluded_extracted"] == int(hit[~inc].sum()) and result["excluded_total"] == int((~inc).sum())
     assert result["new_token_canaries"] == {c.id: {"extracted": bool(h)} for c, h in zip(canaries, hit)}
@@ -207,3 +207,29 @@ def test_grouping_caps_whole_patients_with_a_seeded_sample():
     assert capped == patient_groups(notes, max_notes=31)[3]["member"]  # seeded
     assert capped != patient_groups(notes, max_notes=31, seed=1)[3]["member"]
     assert {p for p, _ in capped} <= {p for p, _ in full}
+
+
+def test_canaries_without_prefix_are_extracted_from_their_first_token():
+    """``new_token_bare`` canaries have no prefix; greedy extraction starts from their first
+    token (a byte-level BPE adds no BOS to prompt with). Prefixed canaries keep their own."""
+    from dpaudit.canaries import add_canary_tokens, make_canaries
+    from dpaudit.data.tokenizer import train_tokenizer
+    from dpaudit.extraction import greedy_extracted
+    from dpaudit.models import build_model
+    from dpaudit.stages.extract import _split_canary
+
+    tok = train_tokenizer(["Canary record: some text", "Audit code: other text"] * 20, vocab_size=300)
+    add_canary_tokens(tok, "new_token_bare")
+    add_canary_tokens(tok, "new_token")
+    bare = make_canaries(spec="new_token_bare", num_canaries=3, seed=0)
+    prefixed = make_canaries(spec="new_token", num_canaries=2, seed=0)
+    split = [_split_canary(c, tok) for c in bare + prefixed]
+    for c, (prefix, target) in zip(bare, split):
+        ids = tok(c.text, add_special_tokens=False)["input_ids"]
+        assert prefix + target == c.text and tok(prefix, add_special_tokens=False)["input_ids"] == ids[:1]
+    assert split[3:] == [(c.prefix, c.secret) for c in prefixed]
+    model = build_model(size="tiny", vocab_size=len(tok), bos_token_id=tok.bos_token_id,
+                        eos_token_id=tok.eos_token_id, seed=0)
+    out = greedy_extracted(model, tok, prefixes=[p for p, _ in split], targets=[t for _, t in split],
+                           batch_size=4, device="cpu")
+    assert out.shape == (5,) and not out.any()  # an untrained model extracts nothing

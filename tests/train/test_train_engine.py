@@ -277,6 +277,32 @@ def test_lora_only_adapter_weights_get_per_example_gradients(kind):
     eng.close()
 
 
+@pytest.mark.parametrize("kind", ["vmap", "ghost"])
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_input_embeddings_only(arch, kind):
+    """``model.trainable: input_embeddings`` freezes all but the input embedding (tied to the
+    output layer in GPT-2, not in this Llama): clipped sums still match the loop."""
+    from dpaudit.models import restrict_trainable
+
+    model = restrict_trainable(build(arch), "input_embeddings")
+    seqs = sequences([6, 9, 3, 7], seed=5)
+    norms = [clip(single_gradient(model, s), 1.0)[1] for s in seqs]
+    embedding = model.get_input_embeddings().weight
+    assert list(trainable_parameters(model).values()) == [embedding]
+    C = sorted(norms)[len(norms) // 2]
+    expected = None
+    for seq in seqs:
+        clipped, _ = clip(single_gradient(model, seq), C)
+        expected = clipped if expected is None else add(expected, clipped)
+    eng = engine(model, kind, C=C, microbatch=3)
+    summed, stats = eng.summed_gradients([[s] for s in seqs])
+    assert list(summed) == list(eng.params) and len(summed) == 1
+    assert_close(summed, expected)
+    assert 0 < stats.clipped_units < len(seqs)
+    assert not getattr(eng, "use_vmap", False)
+    eng.close()
+
+
 # --------------------------------------------------------------------------- ghost clipping
 
 
