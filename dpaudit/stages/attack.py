@@ -116,8 +116,11 @@ def reference_signals(rundir: RunDir, config, fleet, texts: list[str], tokenizer
 
     kw = dict(batch_size=config.attack.batch_size, max_length=config.data.max_length, device=config.train.device)
     if fleet is None:
+        from dpaudit.attacks import get_attack
+
+        wanted = config.attack.attacks
         base = start_model(rundir, config, tokenizer)
-        if base is None:
+        if base is None or (wanted and not any("references" in get_attack(a).requires for a in wanted)):
             return (), None
         ref = cached_signals(rundir.root, "base", load_model(base, trust_remote_code=config.model.trust_remote_code),
                              tokenizer, texts, model_id=model_id(Path(base)) if Path(base).is_dir() else str(base), **kw)
