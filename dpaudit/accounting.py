@@ -476,8 +476,12 @@ def last_iterate_epsilon(*, noise_multiplier: float, sample_rate: float, steps: 
     tail = 1.0 - probs[keep].sum()  # the dropped values' mass (< 1e-12), on the largest kept one
     p = probs[keep]
     p[-1] += max(tail, 0.0)
-    mixture = pld_lib.from_mixture_gaussian_mechanism(noise, [float(v) for v in values[keep]],
-                                                      [float(x) for x in p / p.sum()],
-                                                      value_discretization_interval=1e-2)
+    if keep.sum() == 1:  # q = 1: every step samples the canary, a plain Gaussian mechanism
+        mixture = pld_lib.from_gaussian_mechanism(noise, sensitivity=float(values[keep][0]),
+                                                  value_discretization_interval=1e-2)
+    else:
+        mixture = pld_lib.from_mixture_gaussian_mechanism(noise, [float(v) for v in values[keep]],
+                                                          [float(x) for x in p / p.sum()],
+                                                          value_discretization_interval=1e-2)
     with _quiet_absl():
         return float(mixture.get_epsilon_for_delta(delta))

@@ -158,6 +158,16 @@ def test_last_iterate_heuristic(q, steps, sigma, expected):
     assert heuristic <= accounting.epsilon(**common) + 0.01  # post-processing of all the iterates
 
 
+@pytest.mark.parametrize("sigma", [11.797, 3.4189436053153144, 1.0883847050045161])
+def test_last_iterate_heuristic_at_full_batch_is_the_accountants_epsilon(sigma):
+    """q = 1: the canary is in every step, the last iterate a Gaussian mechanism of sensitivity
+    T and noise sigma T^(1/2), as the composition of the T steps is (the mixture PLD of
+    dp_accounting fails on a single point at sigma 1.088, the demo's epsilon 16)."""
+    common = dict(noise_multiplier=sigma, sample_rate=1.0, steps=10, delta=1e-5)
+    assert accounting.last_iterate_epsilon(**common, lr_factors=[1.0] * 10) == pytest.approx(
+        accounting.epsilon(**common), rel=1e-4)
+
+
 def test_last_iterate_heuristic_with_a_schedule():
     common = dict(noise_multiplier=0.96, sample_rate=0.1, steps=20, delta=1e-5)
     flat = accounting.last_iterate_epsilon(**common)
