@@ -24,7 +24,11 @@ demo's canaries, a learning rate 10 and 50 times larger), ``sigma0.2``
 (distinct, noise multiplier 0.2 instead of the target epsilon's: how much of the gap is
 noise), ``no_notes`` (distinct, canaries only: how much is interference from the records),
 ``dp_references`` (the demo's canaries, and the secret score calibrated by 4 reference models
-trained by the same DP trainer, each with its own random half of the canaries).
+trained by the same DP trainer, each with its own random half of the canaries), and the
+isolated designs, where only the input embedding trains (``model.trainable``):
+``isolated_prefixed`` (distinct prefixed canaries), ``isolated`` (4 new tokens, no prefix),
+``isolated_q1`` (the same at full batch, q = 1, 10 steps) and ``isolated_q1_m2000`` (2,000
+canaries of 2 tokens, the ``new_token_bare`` set, at full batch).
 
 Besides the five scores, two black-box ones: ``secret contrast``, a canary's secret-token
 log-probabilities minus the mean log-probability of the whole new-token pool at the same
@@ -58,9 +62,10 @@ LEVERS = {
     "lr2e-3": {"lr": 2e-3},
     "lr1e-2": {"lr": 1e-2},
     "dp_references": {"references": 4},
-    "isolated": {"distinct": True, "bare": True, "trainable": "input_embeddings"},
+    "isolated": {"distinct": True, "bare": True, "trainable": "input_embeddings", "length": 4},
     "isolated_prefixed": {"distinct": True, "trainable": "input_embeddings"},
-    "isolated_q1": {"distinct": True, "bare": True, "trainable": "input_embeddings", "q": 1.0, "steps": 10},
+    "isolated_q1": {"distinct": True, "bare": True, "trainable": "input_embeddings", "q": 1.0, "steps": 10,
+                    "length": 4},
     "isolated_q1_m2000": {"distinct": True, "bare": True, "trainable": "input_embeddings", "q": 1.0, "steps": 10,
                           "num": 2000, "length": 2},
 }
