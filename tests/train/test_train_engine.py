@@ -95,6 +95,15 @@ def add(a, b):
     return {n: a[n] + b[n] for n in a}
 
 
+def clipped_sum(model, seqs, C):
+    """The brute-force reference: each example's own gradient, clipped to C, summed."""
+    expected = None
+    for seq in seqs:
+        clipped, _ = clip(single_gradient(model, seq), C)
+        expected = clipped if expected is None else add(expected, clipped)
+    return expected
+
+
 def assert_close(actual, expected, *, rtol=1e-4, atol=1e-6):
     assert actual.keys() == expected.keys()
     for name in expected:
@@ -120,10 +129,7 @@ def test_clipped_sum_matches_brute_force(arch, kind):
     seqs = sequences([8, 3, 6, 5, 2, 7, 4])
     norms = [clip(single_gradient(model, s), 1.0)[1] for s in seqs]
     C = sorted(norms)[len(norms) // 2]  # about half the examples get clipped
-    expected = None
-    for seq in seqs:
-        clipped, _ = clip(single_gradient(model, seq), C)
-        expected = clipped if expected is None else add(expected, clipped)
+    expected = clipped_sum(model, seqs, C)
     eng = engine(model, kind, C=C, microbatch=3)
     summed, stats = eng.summed_gradients([[s] for s in seqs])
     assert_close(summed, expected)
@@ -268,10 +274,7 @@ def test_lora_only_adapter_weights_get_per_example_gradients(kind):
     eng = engine(model, kind, C=0.3)
     assert eng.params and all("lora_" in name for name in eng.params)
     seqs = sequences([5, 8, 3], seed=7)
-    expected = None
-    for seq in seqs:
-        clipped, _ = clip(single_gradient(model, seq), 0.3)
-        expected = clipped if expected is None else add(expected, clipped)
+    expected = clipped_sum(model, seqs, 0.3)
     summed, _ = eng.summed_gradients([[s] for s in seqs])
     assert_close(summed, expected)
     eng.close()
@@ -290,10 +293,7 @@ def test_input_embeddings_only(arch, kind):
     embedding = model.get_input_embeddings().weight
     assert list(trainable_parameters(model).values()) == [embedding]
     C = sorted(norms)[len(norms) // 2]
-    expected = None
-    for seq in seqs:
-        clipped, _ = clip(single_gradient(model, seq), C)
-        expected = clipped if expected is None else add(expected, clipped)
+    expected = clipped_sum(model, seqs, C)
     eng = engine(model, kind, C=C, microbatch=3)
     summed, stats = eng.summed_gradients([[s] for s in seqs])
     assert list(summed) == list(eng.params) and len(summed) == 1
@@ -326,10 +326,7 @@ def test_tied_embeddings_under_ghost_clipping(arch):
     seqs = sequences([7, 9, 4, 6, 5], seed=8)
     norms = [clip(single_gradient(model, s), 1.0)[1] for s in seqs]
     C = sorted(norms)[len(norms) // 2]
-    expected = None
-    for seq in seqs:
-        clipped, _ = clip(single_gradient(model, seq), C)
-        expected = clipped if expected is None else add(expected, clipped)
+    expected = clipped_sum(model, seqs, C)
     eng = engine(model, "ghost", C=C, microbatch=4)
     summed, stats = eng.summed_gradients([[s] for s in seqs])
     assert_close(summed, expected)
@@ -353,10 +350,7 @@ def test_ghost_norms_in_bf16_on_cpu():
     seqs = sequences([8, 5, 7, 3], seed=9)
     norms = [clip(single_gradient(model, s), 1.0)[1] for s in seqs]
     C = min(norms) / 2  # every unit clipped
-    expected = None
-    for seq in seqs:
-        clipped, _ = clip(single_gradient(model, seq), C)
-        expected = clipped if expected is None else add(expected, clipped)
+    expected = clipped_sum(model, seqs, C)
     for layers in ("ghost", "materialize"):
         eng = engine(model, GhostClippingEngine, C=C, microbatch=4, layers=layers, fallback=False,
                      autocast_dtype=torch.bfloat16)
