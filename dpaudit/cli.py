@@ -87,7 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("validate", help="does a DP-SGD trainer earn its claimed (epsilon, delta)? one run with canaries",
                        description="Train once with TRAINER (a MODULE:FUNCTION plug-in, imported from the current "
                        "directory and PYTHONPATH) on the preset's corpus with M canaries, audit the canaries and say "
-                       "violated (exit 1), consistent (exit 0) or inconclusive (exit 3). With --step instead: a "
+                       "violated (exit 1), consistent (exit 0) or inconclusive (exit 3). The canaries are isolated "
+                       "by default (canaries.set=new_token_bare, model.trainable=input_embeddings; --set changes "
+                       "either). With --step instead: a "
                        "white-box audit of one DP-SGD update step(model, batch, *, generator) against the claim "
                        "(S, C, B), from R runs of the step with and without a canary.")
     what = p.add_mutually_exclusive_group(required=True)
