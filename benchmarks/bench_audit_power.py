@@ -18,7 +18,7 @@ per model:
 * the last-iterate heuristic epsilon (Steinke et al. 2025, arXiv 2410.06186), what any
   audit of the final model alone can hope to show.
 
-``--isolated`` audits the design ``dpaudit validate`` uses: 2,000 ``new_token_bare``
+``--isolated`` audits the design ``dpaudit validate`` uses: 2,000 (``--canaries``) ``new_token_bare``
 canaries, only the input embedding trains, the reference attack calibrated by the base model
 alone, and full-batch DP-SGD (q = 1, 10 steps), the regime whose last iterate shows the most.
 """
@@ -136,6 +136,7 @@ def main() -> None:
     parser.add_argument("--run", type=Path, help="a finished run directory to read instead of training")
     parser.add_argument("--out", type=Path, help="where to train (default: a temporary directory)")
     parser.add_argument("--isolated", action="store_true", help="validate's canary design, full-batch DP-SGD")
+    parser.add_argument("--canaries", type=int, default=2000, help="canaries with --isolated (at most 4,096)")
     parser.add_argument("--trials", type=int, default=20)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
@@ -148,7 +149,7 @@ def main() -> None:
         regime = ""
         overrides = ["fleet.num_models=0"]
         if args.isolated:
-            overrides += ["canaries.set=new_token_bare", "canaries.num=2000", "model.trainable=input_embeddings",
+            overrides += ["canaries.set=new_token_bare", f"canaries.num={args.canaries}", "model.trainable=input_embeddings",
                           "attack.attacks=[reference]"]
             regime = f", batch_size: {full_batch(load_config('demo', overrides=overrides))}, steps: 10"
         models = "models=[" + ", ".join(
