@@ -222,10 +222,11 @@ def measure(rundir, *, lever: dict, num: int, epsilon: float, seed: int, work: P
     def total(sig, mask):
         return np.where(mask, sig.logprob, 0.0).sum(1)
 
-    flat_update = torch.cat([(p.detach() - p0.detach()).flatten() for p, p0 in zip(model.parameters(),
-                                                                                  base.parameters())])
     if embedding_only:  # nothing else moved
         flat_update = (model.get_input_embeddings().weight - base.get_input_embeddings().weight).detach().flatten()
+    else:
+        flat_update = torch.cat([(p.detach() - p0.detach()).flatten() for p, p0 in zip(model.parameters(),
+                                                                                      base.parameters())])
     projection = unit_gradients(base, tok, texts, project=flat_update, embedding_only=embedding_only)
     loss, secret_lp, base_secret = total(target, target.mask), total(target, secret), total(ref, secret)
     scores = {

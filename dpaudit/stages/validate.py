@@ -63,7 +63,7 @@ def validate_config(*, trainer: str, canaries: int | None, config: str | Path, o
     if cfg.trains_base() and not cfg.attack.attacks:
         # the one attack chosen in advance: the canaries' likelihood calibrated by the base model
         # (the reference without a fleet), so the bounds are corrected over one attack, not all
-        cfg = load_config(config, overrides=[*sets, "attack.attacks=[reference]"])
+        cfg = dataclasses.replace(cfg, attack=dataclasses.replace(cfg.attack, attacks=["reference"]))
     if cfg.canaries.num < 2:
         raise InputError("validate needs canaries: set --canaries (at least 2)")
     if cfg.canaries.inclusion_prob != 0.5:
