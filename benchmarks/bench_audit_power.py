@@ -1,10 +1,9 @@
 """How close do the one-run black-box bounds come to the accountant's epsilon on DP models?
 
-    python benchmarks/bench_audit_power.py [--run DIR] [--out DIR] [--isolated] [--trials 20] [--json]
+    python benchmarks/bench_audit_power.py [--fine-tune] [--canaries M] [--run DIR] [--out DIR] [--trials 20] [--json]
 
-Trains the demo preset's DP-SGD models at epsilon 1, 4 and 16 (note level, one run, the
-demo's canaries; with ``--run DIR``, reads a finished ``dpaudit run`` instead) and prints,
-per model:
+Trains the demo preset's DP-SGD models at epsilon 1, 4 and 16 (note level, one run; with
+``--run DIR``, reads a finished ``dpaudit run`` instead) and prints, per model:
 
 * the best sound bound and its ratio to epsilon, per method and per attack;
 * the idealized ceiling: the median one-run bound that m canaries give when each is an
@@ -18,9 +17,12 @@ per model:
 * the last-iterate heuristic epsilon (Steinke et al. 2025, arXiv 2410.06186), what any
   audit of the final model alone can hope to show.
 
-``--isolated`` audits the design ``dpaudit validate`` uses: 2,000 (``--canaries``) ``new_token_bare``
-canaries, only the input embedding trains, the reference attack calibrated by the base model
-alone, and full-batch DP-SGD (q = 1, 10 steps), the regime whose last iterate shows the most.
+By default the models are trained in the design ``dpaudit validate`` uses (``ISOLATED`` and
+``LINEAR`` of ``dpaudit.stages.validate``): 4,096 (``--canaries``, at most 4,096)
+``new_token_bare`` canaries, only the input embedding trains, by plain SGD at learning rate
+0.01, full-batch DP-SGD (q = 1, 10 steps: the regime whose last iterate shows the most), and
+the reference attack calibrated by the base model alone. ``--fine-tune`` trains the demo's
+own DP models instead: every parameter, its prefixed canaries, its DP regime and attacks.
 """
 
 from __future__ import annotations
@@ -117,44 +119,32 @@ def measure(report: dict, *, trials: int) -> list[dict]:
     return rows
 
 
-def full_batch(config) -> int:
-    """The number of protected units the models of a run of ``config`` train on (the members
-    and the included canaries), from its data prepared in a scratch directory (preparation is
-    seeded): the batch size of q = 1."""
-    from dpaudit.rundir import RunDir
-    from dpaudit.stages.prepare import derive_seeds, load_prepared, prepare
-
-    with tempfile.TemporaryDirectory(prefix="dpaudit-count-") as scratch:
-        rundir, seeds = RunDir(Path(scratch) / "run"), derive_seeds(config.seed)
-        prepare(rundir, config, seeds)
-        data = load_prepared(rundir, config, seeds)
-        return len(data.train_set) if config.train.dp.unit == "example" else len(set(data.train_set["unit_id"]))
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run", type=Path, help="a finished run directory to read instead of training")
     parser.add_argument("--out", type=Path, help="where to train (default: a temporary directory)")
-    parser.add_argument("--isolated", action="store_true", help="validate's canary design, full-batch DP-SGD")
-    parser.add_argument("--canaries", type=int, default=2000, help="canaries with --isolated (at most 4,096)")
+    parser.add_argument("--fine-tune", action="store_true", help="the demo's own design: full fine-tuning")
+    parser.add_argument("--canaries", type=int, default=4096, help="canaries (at most 4,096; not with --fine-tune)")
     parser.add_argument("--trials", type=int, default=20)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
     import dpaudit
     from dpaudit.config import load_config
+    from dpaudit.stages.validate import ISOLATED, LINEAR, full_batch_size
 
     if args.run is None:
         out = args.out or Path(tempfile.mkdtemp(prefix="dpaudit-power-")) / "run"
-        regime = ""
         overrides = ["fleet.num_models=0"]
-        if args.isolated:
-            overrides += ["canaries.set=new_token_bare", f"canaries.num={args.canaries}", "model.trainable=input_embeddings",
-                          "attack.attacks=[reference]"]
-            regime = f", batch_size: {full_batch(load_config('demo', overrides=overrides))}, steps: 10"
-        models = "models=[" + ", ".join(
-            f'{{name: {n}, train: {{trainer: "dpaudit.train:dpsgd", dp: {{target_epsilon: {n.rsplit("eps", 1)[1]}}}'
-            f'{regime}}}}}' for n in MODELS) + "]"
+        if args.fine_tune:
+            demo = {m.name: m.train for m in load_config("demo").models}
+            models = "models=" + json.dumps([{"name": n, "train": demo[n]} for n in MODELS])
+        else:
+            overrides += [*ISOLATED, *LINEAR, f"canaries.num={args.canaries}", "attack.attacks=[reference]"]
+            batch = full_batch_size(load_config("demo", overrides=overrides))
+            models = "models=" + json.dumps([{"name": n, "train": {
+                "trainer": "dpaudit.train:dpsgd", "dp": {"target_epsilon": float(n.rsplit("eps", 1)[1])},
+                "batch_size": batch, "steps": 10}} for n in MODELS])
         result = dpaudit.run(load_config("demo", overrides=[models, *overrides]), out=out)
         run = result.rundir.root
     else:

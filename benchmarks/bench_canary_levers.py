@@ -174,6 +174,10 @@ def measure(rundir, *, lever: dict, num: int, epsilon: float, seed: int, work: P
     base_dir = equalized_base(rundir, tok, spec, work / "base") if lever.get("same_init") else rundir.base_dir
     base = load_model(base_dir)
     pool_ids = tok.convert_tokens_to_ids(new_tokens(spec))
+    missing = sum(i is None or i == tok.unk_token_id for i in pool_ids)
+    if missing:  # they would be split into ordinary tokens: the lever would not be the one named
+        raise SystemExit(f"the run's tokenizer lacks {missing} of the lever's {len(pool_ids)} new tokens: prepare "
+                         f"the run with canaries.set={spec['name']}")
     talk = cross_talk(base, tok, canaries, pool_ids, embedding_only=embedding_only)
 
     cands = rundir.read_candidates()

@@ -44,10 +44,12 @@ TIMING = "bench_zoo_seconds.json"  # in a run directory: the wall time of the ru
 # unit's gradient, norm 1.3-3, is clipped), evaluations only before and after training. The
 # zoo predates validate's isolated canaries: it keeps the prefixed canaries, every parameter
 # training (the faulty trainers' bugs are in layers the isolated design freezes) and the four
-# attacks that need no reference.
+# attacks that need no reference, trained by the tiny preset's AdamW.
 SETS = (
     "canaries.set=new_token",
     "model.trainable=all",
+    "train.optimizer=adamw",
+    "train.lr=0.003",
     "attack.attacks=[loss,zlib,min_k,min_k_pp]",
     "train.dp.delta=1e-05",
     "train.dp.max_grad_norm=0.1",

@@ -352,7 +352,7 @@ def validate_vs_training(*, rounds: int = 1) -> tuple[float, dict[str, float]]:
     from dpaudit.stages.validate import MODEL, validate_overrides
 
     trainer = "dpaudit.train:nonprivate"
-    sets = [arg for s in validate_overrides(trainer=trainer) for arg in ("--set", s)]
+    sets = [arg for s in validate_overrides(trainer=trainer, config="tiny") for arg in ("--set", s)]
     commands = {
         "train": ["train", "--config", "tiny", *sets],
         "validate": ["validate", "--trainer", trainer, "--epsilon", "1", "--delta", "1e-3", "--config", "tiny"],

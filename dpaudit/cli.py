@@ -87,9 +87,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("validate", help="does a DP-SGD trainer earn its claimed (epsilon, delta)? one run with canaries",
                        description="Train once with TRAINER (a MODULE:FUNCTION plug-in, imported from the current "
                        "directory and PYTHONPATH) on the preset's corpus with M canaries, audit the canaries and say "
-                       "violated (exit 1), consistent (exit 0) or inconclusive (exit 3). The canaries are isolated "
-                       "by default (canaries.set=new_token_bare, model.trainable=input_embeddings; --set changes "
-                       "either). With --step instead: a "
+                       "violated (exit 1), consistent (exit 0) or inconclusive (exit 3). The audit's design is "
+                       "the default (canaries.set=new_token_bare, model.trainable=input_embeddings, "
+                       "train.optimizer=sgd, train.momentum=0, train.lr=0.01; --set changes any of them). Full-batch "
+                       "training (--full-batch) shows the most. With --step instead: a "
                        "white-box audit of one DP-SGD update step(model, batch, *, generator) against the claim "
                        "(S, C, B), from R runs of the step with and without a canary.")
     what = p.add_mutually_exclusive_group(required=True)
@@ -99,6 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--delta", type=float, metavar="D",
                    help="the claimed delta (required with --trainer; with --step default 1e-05)")
     p.add_argument("--canaries", type=int, metavar="M", help="number of canaries (default: the preset's)")
+    p.add_argument("--full-batch", action="store_true", help="every unit in every step (q = 1), 10 steps unless "
+                   "--set train.steps=T: the most power; the sampler is then not tested (--trainer)")
     _config_args(p, default="demo")
     p.add_argument("--noise-multiplier", type=float, metavar="S", help="the step's claimed noise multiplier (--step)")
     p.add_argument("--max-grad-norm", type=float, metavar="C", help="the step's claimed clipping norm (--step)")
@@ -314,7 +317,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
         raise InputError("--trainer needs the claim: --epsilon E --delta D")
     out = Path(args.out or f"runs/validate-{datetime.now():%Y%m%d-%H%M%S}")
     result = validate(trainer=args.trainer, epsilon=args.epsilon, delta=args.delta, canaries=args.canaries,
-                      config=args.config, overrides=args.overrides, out=out, command=sys.argv)
+                      config=args.config, overrides=args.overrides, full_batch=args.full_batch, out=out,
+                      command=sys.argv)
     text = (f"{result['verdict']}: {result['reason']}\n"
             f"lower bound {_fmt(result['epsilon_lower_bound'], '.3f')} ({result['method'] or 'no sound bound'}) "
             f"against the claim {args.epsilon:g} at delta {args.delta:g}; the ceiling of this audit is "
@@ -330,8 +334,9 @@ def _validate_step(args: argparse.Namespace) -> int:
                               ("--expected-batch-size", args.expected_batch_size)) if v is None]
     if missing:
         raise InputError(f"--step needs the claim: {', '.join(missing)}")
-    if args.epsilon is not None or args.canaries is not None:
-        raise InputError("--epsilon and --canaries go with --trainer; --step's claim is --noise-multiplier S")
+    if args.epsilon is not None or args.canaries is not None or args.full_batch:
+        raise InputError("--epsilon, --canaries and --full-batch go with --trainer; --step's claim is "
+                         "--noise-multiplier S")
     out = Path(args.out or f"runs/validate-step-{datetime.now():%Y%m%d-%H%M%S}")
     delta = DEFAULT_DELTA if args.delta is None else args.delta
     r = validate_step(step=args.step, noise_multiplier=args.noise_multiplier, max_grad_norm=args.max_grad_norm,

@@ -83,7 +83,7 @@ def test_validate_is_timed_against_train_of_the_same_run():
 
     import dataclasses
 
-    sets = validate_overrides(trainer="dpaudit.train:nonprivate")
+    sets = validate_overrides(trainer="dpaudit.train:nonprivate", config="tiny")
     validated = validate_config(trainer="dpaudit.train:nonprivate", canaries=None, config="tiny", overrides=[])
     # the same run up to the attacks, which validate chooses for the scoring alone
     assert load_config("tiny", overrides=sets) == dataclasses.replace(validated, attack=load_config("tiny").attack)

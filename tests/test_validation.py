@@ -72,6 +72,8 @@ def test_plug_in_without_a_run_directory(plugins, capsys):
     (["--trainer", "dpaudit.train:dpsgd", "--epsilon", "0", "--delta", "1e-5"], "--epsilon"),
     (["--trainer", "dpaudit.train:dpsgd", "--epsilon", "1", "--delta", "1"], "--delta"),
     (["--trainer", "dpaudit.train:dpsgd", "--epsilon", "1", "--delta", "1e-5", "--canaries", "1"], "--canaries"),
+    (["--step", "my_trainers:wrapped", "--full-batch", "--noise-multiplier", "1", "--max-grad-norm", "1",
+      "--expected-batch-size", "8"], "--full-batch"),
 ])
 def test_bad_input_is_one_clear_line(plugins, capsys, args, needle):
     out = plugins / "v"
@@ -98,7 +100,7 @@ def test_own_engine_on_the_demo_preset_is_consistent(tmp_path, capsys, epsilon):
     """The toolkit's DP-SGD, at the demo's DP regime and 1,000 canaries, earns its epsilon: not
     violated, and conclusive (the DP-SGD family test's ceiling is above the claim; it learns)."""
     code = main(["validate", "--trainer", "dpaudit.train:dpsgd", "--epsilon", str(epsilon), "--delta", "1e-5",
-                 "--set", f"train.dp.target_epsilon={epsilon}", "--set", "train.lr=0.0002", "--set", "train.steps=20",
+                 "--set", f"train.dp.target_epsilon={epsilon}", "--set", "train.steps=20",
                  "--set", "train.batch_size=160", "--out", str(tmp_path / "v"), "--json"])  # the demo's DP models
     result = json.loads(capsys.readouterr().out)
     assert result["verdict"] == "consistent" and code == 0, result["reason"]
@@ -119,15 +121,38 @@ def test_accounting_that_is_not_of_the_training_run_is_caught():
 
 def test_validate_isolates_its_canaries_unless_told_otherwise():
     """By default: prefix-free distinct new-token canaries, only the input embedding trains,
-    and (with a base model) the one attack chosen in advance; --set wins over each."""
+    by plain SGD at a small learning rate, and (with a base model) the one attack chosen in
+    advance; --set wins over each."""
     from dpaudit.stages.validate import validate_config
 
     cfg = validate_config(trainer="dpaudit.train:dpsgd", canaries=None, config="tiny", overrides=[])
     assert cfg.canaries.set == "new_token_bare" and cfg.model.trainable == "input_embeddings"
     assert cfg.attack.attacks == ["reference"] and cfg.model_names() == ["validate"]
+    assert (cfg.train.optimizer, cfg.train.momentum, cfg.train.lr) == ("sgd", 0.0, 0.01)
     cfg = validate_config(trainer="dpaudit.train:dpsgd", canaries=None, config="tiny",
-                          overrides=["canaries.set=new_token", "model.trainable=all", "attack.attacks=[loss]"])
+                          overrides=["canaries.set=new_token", "model.trainable=all", "attack.attacks=[loss]",
+                                     "train.optimizer=adamw", "train.lr=0.003"])
     assert (cfg.canaries.set, cfg.model.trainable, cfg.attack.attacks) == ("new_token", "all", ["loss"])
+    assert (cfg.train.optimizer, cfg.train.lr) == ("adamw", 0.003)
     cfg = validate_config(trainer="dpaudit.train:dpsgd", canaries=None, config="tiny",
                           overrides=["pretrain.enabled=false"])
     assert cfg.attack.attacks == []  # no base model: every attack the inputs allow
+    assert (cfg.train.optimizer, cfg.train.lr) == ("adamw", 0.003)  # and the preset's optimizer
+
+
+def test_full_batch_trains_every_unit_in_every_step(tmp_path, capsys):
+    """--full-batch: q = 1 over exactly the units trained on (members and included canaries),
+    10 steps unless train.steps is set, and every step's Poisson batch is all of them."""
+    from dpaudit.rundir import RunDir
+
+    code, out, _ = validate(capsys, "--trainer", "dpaudit.train:dpsgd", "--epsilon", "4", "--delta", "1e-3",
+                            "--full-batch", "--set", "train.dp.noise_multiplier=1.0", "--out", str(tmp_path / "v"))
+    assert code in (0, 3), out
+    model = RunDir(tmp_path / "v").model("validate")
+    event, log = model.read_dp_event(), model.read_train_log()
+    assert (event["sample_rate"], event["steps"]) == (1.0, 10)
+    assert {row["batch_size"] for row in log if "batch_size" in row} == {event["num_units"]}
+    code, _, _ = validate(capsys, "--trainer", "dpaudit.train:dpsgd", "--epsilon", "4", "--delta", "1e-3",
+                          "--full-batch", "--set", "train.steps=3", "--set", "train.dp.noise_multiplier=1.0",
+                          "--out", str(tmp_path / "w"))
+    assert RunDir(tmp_path / "w").model("validate").read_dp_event()["steps"] == 3

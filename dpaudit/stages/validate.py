@@ -36,19 +36,31 @@ from dpaudit.rundir import RunDir
 
 MODEL = "validate"
 SIGNIFICANCE = 0.05
+# The audit design (``docs/ceilings.md``): isolated canaries (two new tokens each, no token in
+# two canaries) and only the input embedding training, so that each canary's gradient lies
+# mostly on rows of its own and the canaries do not drown each other.
+ISOLATED = ("canaries.set=new_token_bare", "model.trainable=input_embeddings")
+# With a base model to calibrate by: plain SGD without momentum at a small learning rate, so
+# that on a canary's rows the final model minus the base is the sum of the noisy clipped
+# gradients, the linear statistic the DP-SGD family describes. AdamW's per-coordinate
+# normalisation of the same sums cost a third of the bound. Without a base, each canary's rows
+# start at a random point and only large updates stand out, so the preset's optimizer stays.
+LINEAR = ("train.optimizer=sgd", "train.momentum=0", "train.lr=0.01")
+FULL_BATCH_STEPS = 10  # validate --full-batch, unless train.steps is set
 JSON_KEYS = ("verdict", "reason", "epsilon_lower_bound", "method", "significance", "num_canaries", "num_guesses",
              "num_correct", "claimed_epsilon", "delta", "ceiling")
 
 
-def validate_overrides(*, trainer: str, canaries: int | None = None, overrides: Sequence[str] = ()) -> list[str]:
-    """The ``--set`` overrides that make a preset into the run ``validate`` makes: one model
-    trained by ``trainer``, no reference fleet, and (unless ``overrides`` say otherwise)
-    isolated canaries: new tokens only, no token in two canaries, and only the input embedding
-    trains, so that each canary's gradient lies mostly on rows of its own and the canaries do
-    not drown each other (``docs/ceilings.md``). ``dpaudit train`` with the same overrides
-    trains the same model."""
-    sets = ["canaries.set=new_token_bare", "model.trainable=input_embeddings", "canaries.secrets.num=0",
-            "fleet.num_models=0", *overrides, f"models=[{{name: {MODEL}}}]", f"train.trainer={trainer}"]
+def validate_overrides(*, trainer: str, canaries: int | None = None, overrides: Sequence[str] = (),
+                       config: str | Path = "demo") -> list[str]:
+    """The ``--set`` overrides that make the preset ``config`` into the run ``validate`` makes:
+    one model trained by ``trainer``, no reference fleet, and (unless ``overrides`` say
+    otherwise) the audit design: :data:`ISOLATED`, and :data:`LINEAR` when the run trains a
+    base model (``docs/ceilings.md``). ``dpaudit train`` with the same overrides trains the
+    same model."""
+    base = load_config(config, overrides=[*ISOLATED, *overrides]).trains_base()
+    sets = [*ISOLATED, *(LINEAR if base else ()), "canaries.secrets.num=0", "fleet.num_models=0", *overrides,
+            f"models=[{{name: {MODEL}}}]", f"train.trainer={trainer}"]
     if canaries is not None:
         if canaries < 2:
             raise InputError(f"--canaries must be at least 2, got {canaries}")
@@ -58,7 +70,7 @@ def validate_overrides(*, trainer: str, canaries: int | None = None, overrides: 
 
 def validate_config(*, trainer: str, canaries: int | None, config: str | Path, overrides: list[str]) -> Config:
     """The run ``validate`` makes (:func:`validate_overrides` on the chosen preset), checked."""
-    sets = validate_overrides(trainer=trainer, canaries=canaries, overrides=overrides)
+    sets = validate_overrides(trainer=trainer, canaries=canaries, overrides=overrides, config=config)
     cfg = load_config(config, overrides=sets)
     if cfg.trains_base() and not cfg.attack.attacks:
         # the one attack chosen in advance: the canaries' likelihood calibrated by the base model
@@ -74,11 +86,31 @@ def validate_config(*, trainer: str, canaries: int | None, config: str | Path, o
     return cfg
 
 
+def full_batch_size(config: Config) -> int:
+    """The number of protected units a model of a run of ``config`` trains on (the members and
+    the included canaries; patients at ``unit: user``): the expected batch size of q = 1. The
+    data are prepared in a scratch directory (preparation is seeded, so the run's are the same)."""
+    import tempfile
+
+    from dpaudit.stages.prepare import derive_seeds, load_prepared, prepare
+
+    with tempfile.TemporaryDirectory(prefix="dpaudit-count-") as scratch:
+        rundir, seeds = RunDir(Path(scratch) / "run"), derive_seeds(config.seed)
+        prepare(rundir, config, seeds)
+        data = load_prepared(rundir, config, seeds)
+        return len(data.train_set) if config.train.dp.unit == "example" else len(set(data.train_set["unit_id"]))
+
+
 def validate(*, trainer: str, epsilon: float, delta: float, canaries: int | None = None,
-             config: str | Path = "demo", overrides: list[str] | tuple[str, ...] = (), out: str | Path,
-             command: list[str] | None = None) -> dict[str, Any]:
+             config: str | Path = "demo", overrides: list[str] | tuple[str, ...] = (), full_batch: bool = False,
+             out: str | Path, command: list[str] | None = None) -> dict[str, Any]:
     """Train once with ``trainer``, audit the canaries, and return the verdict as a dict with
-    :data:`JSON_KEYS` (plus ``run_dir``, ``checks`` and the losses that tell whether the model learned)."""
+    :data:`JSON_KEYS` (plus ``run_dir``, ``checks`` and the losses that tell whether the model learned).
+
+    ``full_batch``: every unit in every step (q = 1; ``train.steps``, default
+    :data:`FULL_BATCH_STEPS`), the regime whose final model shows the most of the claim
+    (``docs/ceilings.md``); the trainer's sampler then has nothing to get wrong.
+    """
     from dpaudit.stages import run
 
     if not (isinstance(epsilon, (int, float)) and math.isfinite(epsilon) and epsilon > 0):
@@ -86,6 +118,10 @@ def validate(*, trainer: str, epsilon: float, delta: float, canaries: int | None
     if not (isinstance(delta, (int, float)) and 0 < delta < 1):
         raise InputError(f"--delta must be in (0, 1), got {delta}")
     cfg = validate_config(trainer=trainer, canaries=canaries, config=config, overrides=list(overrides))
+    if full_batch:
+        steps = cfg.train.steps if any(o.startswith("train.steps=") for o in overrides) else FULL_BATCH_STEPS
+        cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, batch_size=full_batch_size(cfg),
+                                                                 steps=steps))
     fresh = not RunDir(out).exists()
     result = run(cfg, out=out, until="attack", command=command)
     if result.failed:
