@@ -56,11 +56,13 @@ MIN_LOSS_DROP = 0.01
 MIN_LOSS_DROP_NATS = 0.01
 
 
-def learned(*, initial_loss: float | None, final_loss: float | None) -> bool | None:
+def learned(*, initial_loss: float | None, final_loss: float | None, trainable: str = "all") -> bool | None:
     """Did training move the model? ``final_loss`` at least 1% (and 0.01 nats) below
     ``initial_loss``; None when either is unknown. A model that learned nothing from its
-    training data memorized nothing, so no audit of it can see a violation."""
-    if initial_loss is None or final_loss is None:
+    training data memorized nothing, so no audit of it can see a violation. None too when not
+    every parameter trains (``model.trainable``): with only the isolated canaries' embedding
+    rows learning, the records' loss cannot show it, and only a bound above 0 can."""
+    if initial_loss is None or final_loss is None or trainable != "all":
         return None
     return bool(initial_loss - final_loss >= max(MIN_LOSS_DROP * abs(initial_loss), MIN_LOSS_DROP_NATS))
 

@@ -13,7 +13,8 @@ Per model (``report["models"][i]``; see ``MODEL_KEYS``):
   No ``dp_event.json`` (a plug-in trainer that wrote none, an ``audit-model`` output):
   privacy "unknown", ``enabled`` null, never "trained without DP".
 - ``utility``: held-out perplexity at the last evaluation and at step 0 (before training);
-  ``learned`` = the held-out loss went down (null without a step-0 record).
+  ``learned`` = the loss on its training rows went down (null without a step-0 record, and
+  when not every parameter trains: ``model.trainable``).
 - ``attacks`` (members vs held-out) and ``canary_attacks`` (included vs excluded canaries,
   with their epsilon bounds as written by the attack stage).
 - ``audit``: the best *sound* bound (Steinke et al. 2023 one-run, Clopper-Pearson) as chosen
@@ -496,7 +497,7 @@ def _multi_run(md: ModelDir, warn) -> dict[str, Any] | None:
 
 
 def _model(rundir: RunDir, name: str, *, include_texts: bool, num_canaries: int | None, repetitions: int,
-           report_warnings: list[str]) -> tuple[dict, dict, list, list, list]:
+           trainable: str, report_warnings: list[str]) -> tuple[dict, dict, list, list, list]:
     from dpaudit.audit import decide, learned
 
     md = rundir.model(name)
@@ -528,7 +529,8 @@ def _model(rundir: RunDir, name: str, *, include_texts: bool, num_canaries: int 
     # may not beat the base on held-out notes, yet learn from its private rows, which is what an
     # audit of memorization needs.
     utility["initial_train_loss"], utility["train_eval_loss"] = md.read_train_fit()
-    utility["learned"] = learned(initial_loss=utility["initial_train_loss"], final_loss=utility["train_eval_loss"])
+    utility["learned"] = learned(initial_loss=utility["initial_train_loss"], final_loss=utility["train_eval_loss"],
+                                 trainable=trainable)
     checks = _train_checks(md, warn)
     attacks, canary_attacks, bounds, roc = _attacks(md, warn)
     audit = _audit(bounds, num_canaries=num_canaries, delta=dp["delta"], dp=dp, warn=warn)
@@ -570,7 +572,7 @@ def _model(rundir: RunDir, name: str, *, include_texts: bool, num_canaries: int 
     audit["confidence"] = None if verdict.significance is None else 1.0 - verdict.significance
     if not bounds and error is None and privacy != "unknown":
         warn("no canary bounds (results/*.json has no canaries split): the DP claim could not be tested")
-    if utility["learned"] is None and privacy != "unknown" and log:
+    if utility["initial_train_loss"] is None and privacy != "unknown" and log:
         warn("no step-0 evaluation in train_log.jsonl: whether the model learned is unknown")
 
     entry = {
@@ -696,11 +698,11 @@ def assemble(rundir: RunDir, *, include_texts: bool = False, title: str | None =
 
     warnings: list[str] = []
     inputs = rundir.read_audit_inputs()
-    config = None
+    config, trainable = None, "all"
     if rundir.config_path.is_file():
         cfg = rundir.read_config()
         names = cfg.model_names()
-        config = cfg.to_dict()
+        config, trainable = cfg.to_dict(), cfg.model.trainable
         kind = "run"
     elif inputs is not None:
         names = rundir.model_names()
@@ -721,8 +723,7 @@ def assemble(rundir: RunDir, *, include_texts: bool = False, title: str | None =
     for name in names:
         reps = canaries["repetitions"] if canaries and isinstance(canaries["repetitions"], int) else 1
         entry, r, e, p, b = _model(rundir, name, include_texts=include_texts, num_canaries=num_canaries,
-                                   repetitions=reps,
-                                   report_warnings=warnings)
+                                   repetitions=reps, trainable=trainable, report_warnings=warnings)
         models.append(entry)
         roc[name] = r
         ext_rows += e

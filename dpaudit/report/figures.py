@@ -128,8 +128,8 @@ def compliance(report: Mapping[str, Any]) -> Figure | None:
         x0, x1 = min(xs_c) / 1.4, max(xs_c) * 1.4
         ax.plot([x0, x1], [max(c, floor)] * 2, color="tab:purple", ls="--", lw=1.5,
                 label="ceiling: best bound these canaries could give" if i == 0 else None)
-        ax.annotate(f"ceiling {c:.2f}", (x0, max(c, floor)), textcoords="offset points",
-                    xytext=(0, 3) if i % 2 == 0 else (0, -10), fontsize=7, color="tab:purple")
+        ax.annotate(f"ceiling {c:.2f}", (x1, max(c, floor)), textcoords="offset points", ha="right",
+                    xytext=(0, 3) if i % 2 == 0 else (0, -10), fontsize=7, color="tab:purple")  # clear of the legend
     heuristic = [(x, m["dp"]["last_iterate_epsilon"]) for m, x in pts if m["dp"].get("last_iterate_epsilon")]
     for i, (x, h) in enumerate(heuristic):
         ax.plot([x / 1.25, x * 1.25], [h, h], color="tab:orange", lw=2.2, zorder=3,

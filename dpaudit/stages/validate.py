@@ -159,11 +159,8 @@ def verdict_of(rundir: RunDir, *, epsilon: float, delta: float) -> dict[str, Any
     if family:
         ceiling = max(ceiling, claimed_curve_ceiling(num_canaries=m, **family, delta=delta, significance=significance))
     initial, final = fit_losses(rundir, md)
-    # with only the input embedding training, the records' loss cannot show what the canaries'
-    # rows learned: only a bound above 0 can (decide's rule), so "learned" is unknown then
-    did_learn = learned(initial_loss=initial, final_loss=final) if config.model.trainable == "all" else None
     verdict = decide(bounds=bounds, claimed_epsilon=epsilon, accountant_epsilon=None, ceiling=ceiling,
-                     learned=did_learn)
+                     learned=learned(initial_loss=initial, final_loss=final, trainable=config.model.trainable))
     checks = md.read_train_checks()
     mismatch = accounting_mismatch(md.read_dp_event(), checks)
     if mismatch and verdict.status != "violated":

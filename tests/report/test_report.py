@@ -84,12 +84,13 @@ def _canary_file(run):
     return canaries
 
 
-def make_run(root):
+def make_run(root, *overrides):
     from dpaudit.config import load_config
 
     run = RunDir(root / "run")
     names = ["nonprivate", "dp4", "dp4-patient", "broken"]
-    config = load_config("tiny", overrides=["models=[" + ", ".join(f"{{name: {n}}}" for n in names) + "]"])
+    config = load_config("tiny", overrides=["models=[" + ", ".join(f"{{name: {n}}}" for n in names) + "]",
+                                            *overrides])
     run.root.mkdir(parents=True)
     run.write_config(config)
     run.write_manifest(seeds={"run": 0})
@@ -316,6 +317,18 @@ def test_unlearned_model_is_inconclusive(tmp_path):
     m = _model(assemble(run).report, "dp4")
     assert m["utility"]["learned"] is False
     assert m["verdict"]["status"] == "inconclusive"
+
+
+def test_learned_is_unknown_when_only_the_embedding_trains(tmp_path):
+    """With model.trainable: input_embeddings the records' loss cannot show learning: unknown,
+    not "no", and no warning about a missing step-0 record."""
+    from dpaudit.report.data import assemble
+
+    run = make_run(tmp_path, "model.trainable=input_embeddings")
+    _train_log(run.model("dp4"), learned=False)
+    m = _model(assemble(run).report, "dp4")
+    assert m["utility"]["learned"] is None
+    assert not any("step-0" in w for w in m["warnings"])
 
 
 def test_violation_is_reported(tmp_path):
