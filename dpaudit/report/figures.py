@@ -110,7 +110,7 @@ def compliance(report: Mapping[str, Any]) -> Figure | None:
     positive = [v for v in values + ceilings if v and v > 0]
     floor = min([axis.lo / 4] + [v / 3 for v in positive])
     top = max([axis.hi_finite * 2.5] + [v * 4 for v in positive])
-    fig = Figure(figsize=(8.0, 5.2), layout="constrained")
+    fig = Figure(figsize=(8.0, 6.0), layout="constrained")
     ax = fig.add_subplot()
     xs = np.geomspace(axis.lo, axis.hi_finite * 2, 200)
     ax.fill_between(xs, xs, top, color="#fbe3e3", zorder=0, label="claim violated (bound > accountant ε)")
@@ -128,8 +128,8 @@ def compliance(report: Mapping[str, Any]) -> Figure | None:
         x0, x1 = min(xs_c) / 1.4, max(xs_c) * 1.4
         ax.plot([x0, x1], [max(c, floor)] * 2, color="tab:purple", ls="--", lw=1.5,
                 label="ceiling: best bound these canaries could give" if i == 0 else None)
-        ax.annotate(f"ceiling {c:.2f}", (x1, max(c, floor)), textcoords="offset points", ha="right",
-                    xytext=(0, 3) if i % 2 == 0 else (0, -10), fontsize=7, color="tab:purple")  # clear of the legend
+        ax.annotate(f"ceiling {c:.2f}", (x0, max(c, floor)), textcoords="offset points",
+                    xytext=(0, 3) if i % 2 == 0 else (0, -10), fontsize=7, color="tab:purple")
     heuristic = [(x, m["dp"]["last_iterate_epsilon"]) for m, x in pts if m["dp"].get("last_iterate_epsilon")]
     for i, (x, h) in enumerate(heuristic):
         ax.plot([x / 1.25, x * 1.25], [h, h], color="tab:orange", lw=2.2, zorder=3,
@@ -158,7 +158,7 @@ def compliance(report: Mapping[str, Any]) -> Figure | None:
         if any(m["dp"].get("unit") == unit for m, _ in pts):
             handles.append(ax.plot([], [], marker=mk, ls="none", color="tab:blue", markeredgecolor="black")[0])
             labels.append({"example": "note-level DP (one note)", "user": "patient-level DP (one patient)"}[unit])
-    ax.legend(handles, labels, loc="upper left", fontsize=7.5)
+    fig.legend(handles, labels, loc="outside lower center", ncols=2, fontsize=7.5)  # clear of the points and labels
     ax.grid(True, which="major", color="0.92")
     return fig
 
