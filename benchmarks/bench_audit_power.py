@@ -125,10 +125,12 @@ def main() -> None:
     parser.add_argument("--run", type=Path, help="a finished run directory to read instead of training")
     parser.add_argument("--out", type=Path, help="where to train (default: a temporary directory)")
     parser.add_argument("--fine-tune", action="store_true", help="the demo's own design: full fine-tuning")
-    parser.add_argument("--canaries", type=int, default=4096, help="canaries (at most 4,096; not with --fine-tune)")
+    parser.add_argument("--canaries", type=int, help="canaries (default and most: 4,096; not with --fine-tune)")
     parser.add_argument("--trials", type=int, default=20)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    if args.fine_tune and args.canaries is not None:
+        parser.error("--canaries goes with validate's design; --fine-tune keeps the demo's canaries")
 
     import dpaudit
     from dpaudit.config import load_config
@@ -141,7 +143,7 @@ def main() -> None:
             demo = {m.name: m.train for m in load_config("demo").models}
             models = "models=" + json.dumps([{"name": n, "train": demo[n]} for n in MODELS])
         else:
-            overrides += [*ISOLATED, *LINEAR, f"canaries.num={args.canaries}", "attack.attacks=[reference]"]
+            overrides += [*ISOLATED, *LINEAR, f"canaries.num={args.canaries or 4096}", "attack.attacks=[reference]"]
             batch = full_batch_size(load_config("demo", overrides=overrides))
             models = "models=" + json.dumps([{"name": n, "train": {
                 "trainer": "dpaudit.train:dpsgd", "dp": {"target_epsilon": float(n.rsplit("eps", 1)[1])},
