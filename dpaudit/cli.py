@@ -89,7 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "directory and PYTHONPATH) on the preset's corpus with M canaries, audit the canaries and say "
                        "violated (exit 1), consistent (exit 0) or inconclusive (exit 3). The audit's design is "
                        "the default (canaries.set=new_token_bare, model.trainable=input_embeddings, "
-                       "train.optimizer=sgd, train.momentum=0, train.lr=0.01; --set changes any of them). Full-batch "
+                       "and, when the run trains a base model, train.optimizer=sgd, train.momentum=0, train.lr=0.01; "
+                       "--set changes any of them). Full-batch "
                        "training (--full-batch) shows the most. With --step instead: a "
                        "white-box audit of one DP-SGD update step(model, batch, *, generator) against the claim "
                        "(S, C, B), from R runs of the step with and without a canary.")
