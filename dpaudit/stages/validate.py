@@ -93,12 +93,12 @@ def full_batch_size(config: Config) -> int:
     import tempfile
 
     from dpaudit.stages.prepare import derive_seeds, load_prepared, prepare
+    from dpaudit.train.loop import group_units
 
     with tempfile.TemporaryDirectory(prefix="dpaudit-count-") as scratch:
         rundir, seeds = RunDir(Path(scratch) / "run"), derive_seeds(config.seed)
         prepare(rundir, config, seeds)
-        data = load_prepared(rundir, config, seeds)
-        return len(data.train_set) if config.train.dp.unit == "example" else len(set(data.train_set["unit_id"]))
+        return len(group_units(load_prepared(rundir, config, seeds).train_set, config.train.dp.unit))
 
 
 def validate(*, trainer: str, epsilon: float, delta: float, canaries: int | None = None,
