@@ -2,7 +2,8 @@
 
 Every row is a ratio of two things timed on the same model and the same inputs, in
 interleaved rounds (A, B, C, A, B, C, ...): the ratio of each round (A and B timed back to
-back, so a slow spell of the machine hits both) and the median of those ratios. On CPU torch runs on one thread (``threads``): with
+back, so a slow spell of the machine hits both) and the median of those ratios. On CPU torch (and, with
+one thread, the tokenizer) runs on ``threads`` threads: with
 several threads on a shared machine, OpenMP barriers stall whenever another process takes a
 core; and the clock is the process's CPU time, the work done whatever else the machine runs
 (the wall times of a loaded machine swing by 2-3x). On CUDA the clock is the wall time. A step is the gradient engine (per-unit gradients, clipping, noise for DP) plus an AdamW
@@ -397,6 +398,8 @@ def run_bench(*, size: str = "small", batch: int = 16, rounds: int = 5, repeats:
         raise InputError("--device cuda but CUDA is not available")
     if dev.type == "cpu" and threads:
         torch.set_num_threads(threads)
+        if threads == 1:  # the tokenizer too: its thread pool's idle spinning is CPU time, not work
+            os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     autocast_dtype = torch.bfloat16 if dev.type == "cuda" else None
     factories, missing = engine_factories(opacus=opacus)
     result: dict[str, Any] = {key: None for key in KEYS}

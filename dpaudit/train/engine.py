@@ -401,13 +401,14 @@ class DPSGDEngine(GradientEngine):
         std = self.noise_std()
         if std == 0:
             return summed
-        if isinstance(generator, SecureGenerator):  # secure mode: the noise from the OS CSPRNG
-            return {name: g + std * generator.standard_normal(g.shape, device=g.device, dtype=g.dtype)
-                    for name, g in summed.items()}
-        return {
-            name: g + std * torch.randn(g.shape, generator=generator, device=g.device, dtype=g.dtype)
-            for name, g in summed.items()
-        }
+        # in place: ``summed`` is this step's own (one pass and no new tensor per parameter)
+        for g in summed.values():
+            if isinstance(generator, SecureGenerator):  # secure mode: the noise from the OS CSPRNG
+                noise = generator.standard_normal(g.shape, device=g.device, dtype=g.dtype)
+            else:
+                noise = torch.randn(g.shape, generator=generator, device=g.device, dtype=g.dtype)
+            g.add_(noise, alpha=std)
+        return summed
 
 
 # --------------------------------------------------------------------------- attention

@@ -124,11 +124,23 @@ class _Use:
 @dataclass
 class _Factor:
     """A weight gradient of the form sum_t u_t v_t^T per row: ``u`` is (B, T, R) dense or
-    (B, T) row indices of a one-hot (an embedding, ``valid`` masks padding_idx); ``v`` (B, T, C)."""
+    (B, T) row indices of a one-hot (an embedding, ``valid`` masks padding_idx, ``masked``: the
+    embedding has one); ``v`` (B, T, C)."""
 
     u: Tensor
     v: Tensor
     valid: Tensor | None = None
+    masked: bool = False
+
+    def rows(self, v: Tensor | None = None, *, width: int | None = None) -> tuple[Tensor, Tensor]:
+        """A one-hot factor's row indices and the matching rows of ``v`` (default its own),
+        token-flat, padding_idx left out (no boolean selection without one); with ``width``
+        the indices are offset by ``width`` per batch row (rows of a (B width, C) matrix)."""
+        v = self.v if v is None else v
+        index = self.u if width is None else torch.arange(self.u.shape[0], device=self.u.device)[:, None] * width + self.u
+        if self.masked:
+            return index[self.valid], v[self.valid]
+        return index.reshape(-1), v.reshape(-1, v.shape[-1])
 
     @property
     def onehot(self) -> bool:
@@ -403,7 +415,7 @@ class GhostClippingEngine(DPSGDEngine):
             x = use.inputs.reshape(g.shape[0], -1)
             pad = use.module.padding_idx
             valid = torch.ones_like(x, dtype=torch.bool) if pad is None else x != pad
-            return _Factor(u=x, v=g, valid=valid)
+            return _Factor(u=x, v=g, valid=valid, masked=pad is not None)
         a = self._by_row(use.inputs)
         return _Factor(u=g, v=a) if use.kind == "linear" else _Factor(u=a, v=g)
 
@@ -428,8 +440,8 @@ class GhostClippingEngine(DPSGDEngine):
                 batch = f.u.shape[0]
                 if out is None:
                     out = torch.zeros((batch, rows, width), dtype=torch.float32, device=f.v.device)
-                index = (torch.arange(batch, device=f.u.device).unsqueeze(1) * rows + f.u)[f.valid]
-                out.view(batch * rows, width).index_add_(0, index, f.v[f.valid].float())
+                index, values = f.rows(width=rows)
+                out.view(batch * rows, width).index_add_(0, index, values.float())
         return out
 
     def _norms(self, uses: list[_Use], layout: _Layout, *, tokens: int):
@@ -536,7 +548,8 @@ class GhostClippingEngine(DPSGDEngine):
         for f in parts:
             v = f.v.to(dtype) * row_clip.to(dtype)[:, None, None]
             if f.onehot:
-                out.index_add_(0, f.u[f.valid], v[f.valid].float())
+                index, values = f.rows(v)
+                out.index_add_(0, index, values.float())
             else:
                 out += torch.einsum("btr,btc->rc", f.u.to(dtype), v).float()
         return out
