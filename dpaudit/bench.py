@@ -398,7 +398,7 @@ def run_bench(*, size: str = "small", batch: int = 16, rounds: int = 5, repeats:
         raise InputError("--device cuda but CUDA is not available")
     if dev.type == "cpu" and threads:
         torch.set_num_threads(threads)
-        if threads == 1:  # the tokenizer too: its thread pool's idle spinning is CPU time, not work
+        if threads == 1:  # the tokenizer too: its thread pool's waiting counts as CPU time, not work
             os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     autocast_dtype = torch.bfloat16 if dev.type == "cuda" else None
     factories, missing = engine_factories(opacus=opacus)
