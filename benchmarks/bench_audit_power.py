@@ -134,7 +134,7 @@ def main() -> None:
 
     import dpaudit
     from dpaudit.config import load_config
-    from dpaudit.stages.validate import ISOLATED, LINEAR, full_batch_size
+    from dpaudit.stages.validate import FULL_BATCH_STEPS, ISOLATED, LINEAR, full_batch_size
 
     if args.run is None:
         out = args.out or Path(tempfile.mkdtemp(prefix="dpaudit-power-")) / "run"
@@ -147,7 +147,7 @@ def main() -> None:
             batch = full_batch_size(load_config("demo", overrides=overrides))
             models = "models=" + json.dumps([{"name": n, "train": {
                 "trainer": "dpaudit.train:dpsgd", "dp": {"target_epsilon": float(n.rsplit("eps", 1)[1])},
-                "batch_size": batch, "steps": 10}} for n in MODELS])
+                "batch_size": batch, "steps": FULL_BATCH_STEPS}} for n in MODELS])
         result = dpaudit.run(load_config("demo", overrides=[models, *overrides]), out=out)
         run = result.rundir.root
     else:
