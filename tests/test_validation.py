@@ -1,8 +1,10 @@
 """`dpaudit validate --trainer`: verdicts, exit codes and bad input."""
 
 import json
+from importlib import resources
 
 import pytest
+import yaml
 
 from dpaudit.cli import main
 
@@ -152,7 +154,11 @@ def test_full_batch_trains_every_unit_in_every_step(tmp_path, capsys):
     event, log = model.read_dp_event(), model.read_train_log()
     assert (event["sample_rate"], event["steps"]) == (1.0, 10)
     assert {row["batch_size"] for row in log if "batch_size" in row} == {event["num_units"]}
+    # train.steps set in the config file itself (not only by --set)
+    raw = yaml.safe_load(resources.files("dpaudit.presets").joinpath("tiny.yaml").read_text())
+    raw.setdefault("train", {})["steps"] = 3
+    (tmp_path / "steps.yaml").write_text(yaml.safe_dump(raw))
     code, _, _ = validate(capsys, "--trainer", "dpaudit.train:dpsgd", "--epsilon", "4", "--delta", "1e-3",
-                          "--full-batch", "--set", "train.steps=3", "--set", "train.dp.noise_multiplier=1.0",
-                          "--out", str(tmp_path / "w"))
+                          "--full-batch", "--config", str(tmp_path / "steps.yaml"),
+                          "--set", "train.dp.noise_multiplier=1.0", "--out", str(tmp_path / "w"))
     assert RunDir(tmp_path / "w").model("validate").read_dp_event()["steps"] == 3

@@ -46,7 +46,7 @@ ISOLATED = ("canaries.set=new_token_bare", "model.trainable=input_embeddings")
 # normalisation of the same sums cost a third of the bound. Without a base, each canary's rows
 # start at a random point and only large updates stand out, so the preset's optimizer stays.
 LINEAR = ("train.optimizer=sgd", "train.momentum=0", "train.lr=0.01")
-FULL_BATCH_STEPS = 10  # validate --full-batch, unless train.steps is set
+FULL_BATCH_STEPS = 10  # validate --full-batch, unless train.steps is set (the config file or --set)
 JSON_KEYS = ("verdict", "reason", "epsilon_lower_bound", "method", "significance", "num_canaries", "num_guesses",
              "num_correct", "claimed_epsilon", "delta", "ceiling")
 
@@ -119,9 +119,8 @@ def validate(*, trainer: str, epsilon: float, delta: float, canaries: int | None
         raise InputError(f"--delta must be in (0, 1), got {delta}")
     cfg = validate_config(trainer=trainer, canaries=canaries, config=config, overrides=list(overrides))
     if full_batch:
-        steps = cfg.train.steps if any(o.startswith("train.steps=") for o in overrides) else FULL_BATCH_STEPS
         cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, batch_size=full_batch_size(cfg),
-                                                                 steps=steps))
+                                                                 steps=cfg.train.steps or FULL_BATCH_STEPS))
     fresh = not RunDir(out).exists()
     result = run(cfg, out=out, until="attack", command=command)
     if result.failed:
