@@ -8,7 +8,8 @@ several threads on a shared machine, OpenMP barriers stall whenever another proc
 core; and the clock is the process's CPU time, the work done whatever else the machine runs
 (the wall times of a loaded machine swing by 2-3x). On CUDA the clock is the wall time. A step is the gradient engine (per-unit gradients, clipping, noise for DP) plus an AdamW
 step, on a fixed batch of ``batch`` random sequences of ``length`` tokens on the GPT-2-style
-model of ``size`` (``small``: the demo's).
+model of ``size`` (``small``: the demo's, vocabulary 2,000; ``gpt2``: GPT-2 124M, its own
+vocabulary of 50,257, for a GPU: ``dpaudit bench --device cuda --size gpt2``).
 
 =============================  ===============================================================
 ``dp_step_over_nonprivate``    our DP-SGD step (the engine ``train.dp.engine: auto`` picks:
@@ -61,7 +62,8 @@ from dpaudit.progress import Progress
 
 KEYS = ("dp_step_over_nonprivate", "dp_step_over_nonprivate_b256", "dp_memory_over_nonprivate", "dp_step_over_opacus",
         "dp_step_over_opacus_ghost", "signals_over_forward", "validate_over_training", "model", "batch_size", "threads")
-VOCAB = 2000
+VOCAB = 2000  # the demo's tokenizer size; tokens are drawn from it
+VOCABS = {"gpt2": 50257}  # size gpt2: GPT-2's own vocabulary, so that the model is the 124M one
 LENGTH = 128
 MICROBATCH = 16  # the config default, for the batch-256 row
 MEMORY_BATCH = 64
@@ -70,20 +72,26 @@ MEMORY_BATCH = 64
 # --------------------------------------------------------------------------- models and engines
 
 
-def build_model(size: str, *, vocab: int = VOCAB, seed: int = 0, tied: bool = True):
-    """A GPT-2-style model of ``size`` (:data:`dpaudit.models.SIZES`), no dropout, train mode;
-    ``tied=False``: its twin with the output layer a copy of the input embedding, not the same
-    parameter (Opacus' ghost clipping refuses tied parameters)."""
+def build_model(size: str, *, seed: int = 0, tied: bool = True):
+    """A GPT-2-style model of ``size`` (:data:`dpaudit.models.SIZES`) with the vocabulary of
+    :func:`vocabulary`, no dropout, train mode; ``tied=False``: its twin with the output layer
+    a copy of the input embedding, not the same parameter (Opacus' ghost clipping refuses
+    tied parameters)."""
     from dpaudit.models import SIZES
     from dpaudit.models import build_model as build
 
     if size not in SIZES:
         raise InputError(f"--size must be one of {', '.join(SIZES)}, got {size!r}")
-    model = build(size=size, vocab_size=vocab, bos_token_id=0, eos_token_id=0, seed=seed)
+    model = build(size=size, vocab_size=vocabulary(size), bos_token_id=0, eos_token_id=0, seed=seed)
     if not tied:
         model.config.tie_word_embeddings = False
         model.lm_head.weight = torch.nn.Parameter(model.transformer.wte.weight.detach().clone())
     return model.train()
+
+
+def vocabulary(size: str) -> int:
+    """The model's vocabulary size: :data:`VOCABS` for ``size``, else :data:`VOCAB`."""
+    return VOCABS.get(size, VOCAB)
 
 
 def random_units(batch: int, *, length: int | None = None, seed: int = 1) -> list[list[torch.Tensor]]:
@@ -109,6 +117,7 @@ class OpacusGhostEngine:
         self.model, self.device = model, torch.device(device)
         self.expected_batch_size, self.microbatch_size, self.pad_id = expected_batch_size, microbatch_size, pad_id
         self.std = noise_multiplier * max_grad_norm
+        self.autocast_dtype = autocast_dtype  # the same forward precision as ours (bf16 on CUDA)
         self.params = trainable_parameters(model)
         self._gsm = GradSampleModuleFastGradientClipping(model, batch_first=True, loss_reduction="sum", strict=False,
                                                          max_grad_norm=max_grad_norm, use_ghost_clipping=True)
@@ -117,14 +126,15 @@ class OpacusGhostEngine:
         self._gsm._close()
 
     def step(self, units, generator=None):
-        from dpaudit.train.engine import collate, example_losses, forward_logits
+        from dpaudit.train.engine import autocast_context, collate, example_losses, forward_logits
 
         sequences = sorted((unit[0] for unit in units), key=len, reverse=True)
         total = {name: torch.zeros_like(p) for name, p in self.params.items()}
         for start in range(0, len(sequences), self.microbatch_size):
             batch = collate(sequences[start : start + self.microbatch_size], pad_id=self.pad_id, device=self.device)
             self._gsm.enable_hooks()
-            losses = example_losses(forward_logits(self._gsm, batch), batch.labels)
+            with autocast_context(self.device, self.autocast_dtype):
+                losses = example_losses(forward_logits(self._gsm, batch), batch.labels)
             with warnings.catch_warnings():  # "Full backward hook is firing ...": the inputs are token ids
                 warnings.filterwarnings("ignore", message="Full backward hook")
                 losses.sum().backward(retain_graph=True)
@@ -407,7 +417,7 @@ def run_bench(*, size: str = "small", batch: int = 16, rounds: int = 5, repeats:
                   precision="bf16 autocast" if autocast_dtype else "fp32",
                   clock="process CPU time" if dev.type == "cpu" else "wall time")
     reasons: dict[str, str] = {}
-    details: dict[str, Any] = {"length": LENGTH, "vocab": VOCAB, "rounds": rounds, "repeats": repeats}
+    details: dict[str, Any] = {"length": LENGTH, "vocab": vocabulary(size), "rounds": rounds, "repeats": repeats}
     model = build_model(size).to(dev)
     errors: dict[str, str] = dict(missing)
     main_names = [n for n in ("nonprivate", "dpsgd", "dpsgd_vmap", "opacus") if n in factories]

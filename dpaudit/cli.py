@@ -138,7 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=cmd_accountant)
 
     p = sub.add_parser("bench", help="DP-SGD step, memory, Opacus, signals and validate cost as side-by-side ratios")
-    p.add_argument("--size", default="small", help="model size preset (default: small, the demo's)")
+    p.add_argument("--size", default="small", help="model size: tiny, small (default, the demo's), medium, gpt2 (124M, "
+                   "GPT-2's vocabulary; for a GPU)")
     p.add_argument("--batch", type=int, default=16, metavar="B", help="batch of the step-time rows (default: 16)")
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds per row (default: 5)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda (default: auto)")

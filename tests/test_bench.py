@@ -36,6 +36,22 @@ def test_engines_are_timed_side_by_side():
     assert all(torch.equal(before[k], after[k]) for k in before)  # every engine starts from the same model
 
 
+@pytest.mark.parametrize("name", ["nonprivate", "dpsgd", "opacus", "opacus_ghost"])
+def test_every_engine_steps_in_bf16_autocast_on_cpu(name):
+    """The GPU bench's path (bf16 autocast, ``--device cuda``) on CPU: every timed engine,
+    Opacus' included, runs its forward pass in bf16, so no row compares precisions."""
+    pytest.importorskip("opacus")
+    factories, _ = bench.engine_factories()
+    model = bench.build_model("tiny", tied=name != "opacus_ghost")
+    seen = []
+    model.transformer.h[0].attn.c_attn.register_forward_hook(lambda m, args, out: seen.append(out.dtype))
+    times = bench.time_steps(factories[name], model, bench.random_units(3, length=10), batch=3, microbatch=2,
+                             device=torch.device("cpu"), private=name != "nonprivate", steps=1,
+                             autocast_dtype=torch.bfloat16)
+    assert len(times) == 1 and times[0] > 0
+    assert seen and set(seen) == {torch.bfloat16}
+
+
 def test_a_failing_engine_is_a_reason_not_a_crash():
     errors = {}
 
