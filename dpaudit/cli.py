@@ -101,8 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--delta", type=float, metavar="D",
                    help="the claimed delta (required with --trainer; with --step default 1e-05)")
     p.add_argument("--canaries", type=int, metavar="M", help="number of canaries (default: the preset's)")
-    p.add_argument("--full-batch", action="store_true", help="every unit in every step (q = 1), 10 steps unless the config sets "
-                   "train.steps (or --set train.steps=T): the most power; the sampler is then not tested (--trainer)")
+    p.add_argument("--full-batch", action="store_true", help="every unit in every step (q = 1), 10 steps unless "
+                   "the config sets train.steps (or --set train.steps=T): the most power; the sampler is then not "
+                   "tested (--trainer)")
     _config_args(p, default="demo")
     p.add_argument("--noise-multiplier", type=float, metavar="S", help="the step's claimed noise multiplier (--step)")
     p.add_argument("--max-grad-norm", type=float, metavar="C", help="the step's claimed clipping norm (--step)")
