@@ -19,7 +19,10 @@ vocabulary of 50,257, for a GPU: ``dpaudit bench --device cuda --size gpt2``).
                                in one micro-batch (CUDA: ``max_memory_allocated``; CPU: the
                                peak resident memory of a fresh subprocess per engine, above
                                its resident memory before the step)
-``dp_step_over_opacus``        our DP step over Opacus' hooks (per-sample gradients), same loop
+``dp_step_over_opacus``        our DP step over Opacus' hooks (per-sample gradients), same loop;
+                               ``details.nonprivate_over_opacus``, the non-private step over
+                               Opacus' hooks in the same rounds, is the least this row can be
+                               (a DP step does all of a non-private step's work)
 ``dp_step_over_opacus_ghost``  our DP step over Opacus' ghost clipping (its fast gradient
                                clipping module, two backward passes), both on the model's
                                untied twin (``lm_head`` a copy of the input embedding): Opacus
@@ -436,6 +439,8 @@ def run_bench(*, size: str = "small", batch: int = 16, rounds: int = 5, repeats:
         if result["dp_step_over_opacus"] is None:
             reasons["dp_step_over_opacus"] = errors.get("opacus", "not measured")
         details["vmap_step_over_nonprivate"] = paired_ratio(step, "dpsgd_vmap", "nonprivate")
+        # the least dp_step_over_opacus any DP step could reach: it does all of a non-private step's work
+        details["nonprivate_over_opacus"] = paired_ratio(step, "nonprivate", "opacus")
 
         # Opacus' ghost clipping refuses tied parameters (GPT-2's embeddings): both engines
         # on the model's untied twin
@@ -507,6 +512,9 @@ def summary(result: dict[str, Any]) -> str:
         value = result[key]
         text = f"{value:.3f}" if value is not None else f"n/a ({result['reasons'].get(key, 'not measured')})"
         lines.append(f"  {key:<30} {text:<10} goal {goal}")
+    floor = result["details"].get("nonprivate_over_opacus")
+    if floor is not None:
+        lines.append(f"  floor of dp_step_over_opacus (the non-private step over Opacus' hooks): {floor:.3f}")
     seconds = result["details"].get("seconds_per_step", {})
     lines.append("  seconds per step: " + ", ".join(f"{k} {v:.3f}" for k, v in seconds.items()))
     return "\n".join(lines)

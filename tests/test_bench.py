@@ -77,8 +77,9 @@ def test_summary_names_every_row():
     result = {key: None for key in bench.KEYS}
     result.update(model="gpt2-tiny", batch_size=2, threads=1, device="cpu", precision="fp32", clock="process CPU time",
                   dp_step_over_nonprivate=1.1, reasons={"dp_step_over_opacus": "Opacus is not installed"},
-                  details={"seconds_per_step": {"nonprivate": 0.1}})
+                  details={"seconds_per_step": {"nonprivate": 0.1}, "nonprivate_over_opacus": 0.61})
     text = bench.summary(result)
+    assert "floor of dp_step_over_opacus (the non-private step over Opacus' hooks): 0.610" in text
     assert any(line.split()[:2] == ["dp_step_over_nonprivate", "1.100"] for line in text.splitlines())
     assert "n/a (Opacus is not installed)" in text
     assert all(key in text for key in bench.KEYS if key.startswith(("dp_", "signals", "validate")))
@@ -121,4 +122,6 @@ def test_bench_json_has_every_key(monkeypatch, capsys):
     for key in bench.KEYS[:7]:
         assert result[key] is None and key in result["reasons"] or result[key] > 0, key
     assert result["model"] == "gpt2-tiny" and result["batch_size"] == 2 and result["threads"] == 1
+    floor = result["details"]["nonprivate_over_opacus"]
+    assert floor is None if result["dp_step_over_opacus"] is None else floor > 0
     torch.set_num_threads(1)
