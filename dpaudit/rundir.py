@@ -464,6 +464,8 @@ def _hardware() -> dict[str, Any]:
     info: dict[str, Any] = {
         "platform": platform.platform(),
         "machine": platform.machine(),
+        # the kernels torch dispatches to (e.g. AVX2, AVX512): CPU results are the same to the bit only at equal ones
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "cuda": torch.cuda.is_available(),

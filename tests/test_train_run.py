@@ -28,6 +28,7 @@ def test_run_directory_is_complete(tiny_run):
     assert resolved["train"]["epochs"] == 1
     manifest = json.loads((tiny_run / "manifest.json").read_text())
     assert manifest["seeds"]["run"] == 0 and manifest["packages"]["torch"]
+    assert manifest["hardware"]["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
     canaries = json.loads((tiny_run / "data" / "canaries.json").read_text())["canaries"]
     assert len(canaries) == 16 and {c["included"] for c in canaries} == {True, False}
     assert sorted(p.name for p in (tiny_run / "models").iterdir()) == sorted(MODELS)
