@@ -1,4 +1,5 @@
-"""The one device resolution: ``"auto"``, ``"cpu"``, ``"cuda"`` or ``"cuda:N"`` to a ``torch.device``."""
+"""The one device resolution: ``"auto"``, ``"cpu"``, ``"cuda"`` or ``"cuda:N"`` to a ``torch.device``;
+and where a model is placed on it."""
 
 from __future__ import annotations
 
@@ -24,3 +25,17 @@ def resolve_device(device, *, what: str = "device"):
     if resolved.type == "cuda" and not torch.cuda.is_available():
         raise InputError(f"{what} is {device} but CUDA is not available")
     return resolved
+
+
+def place_model(model, device):
+    """Move ``model`` to ``device`` unless it is dispatched over devices already.
+
+    Returns the device its inputs must go to.
+    """
+    if getattr(model, "hf_device_map", None):
+        # Spread over devices by accelerate: inputs go where the embeddings are.
+        return model.get_input_embeddings().weight.device
+    param = next(model.parameters(), None)
+    if param is not None and param.device != device:
+        model.to(device)
+    return device

@@ -39,8 +39,9 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from dpaudit.devices import place_model, resolve_device
 from dpaudit.errors import InputError
-from dpaudit.signals import _check_texts, _place_model, _resolve_device
+from dpaudit.signals import check_texts
 
 __all__ = [
     "ContinuationScores",
@@ -196,7 +197,7 @@ def _teacher_forced(
     logprobs: list[np.ndarray] = [np.zeros(0)] * n
     if n == 0:
         return ContinuationScores(logprobs, extracted)
-    dev = _place_model(model, _resolve_device(device))
+    dev = place_model(model, resolve_device(device, what="extraction device"))
     totals = np.array([len(p) + len(t) for p, t in zip(prefixes, targets)])
     limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
     if isinstance(limit, int) and totals.max() > limit:
@@ -275,8 +276,8 @@ def encode_continuations(
     alone); the prefix gets the tokenizer's BOS token if it adds one. So a target that
     starts a new word should carry its leading space (``"MRN" + " 12345678"``).
     """
-    prefixes = _check_texts(prefixes)
-    targets = _check_texts(targets)
+    prefixes = check_texts(prefixes)
+    targets = check_texts(targets)
     if len(prefixes) != len(targets):
         raise InputError(f"{who}: {len(prefixes)} prefixes but {len(targets)} targets")
     lead = _bos_lead(tokenizer)
@@ -383,7 +384,7 @@ def k_extractable(
     Texts with fewer than ``k + 1`` tokens (``k + suffix_length`` when given) raise
     InputError.
     """
-    texts = _check_texts(texts)
+    texts = check_texts(texts)
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise InputError(f"k_extractable: k must be a positive integer, got {k!r}")
     if suffix_length is not None and (
@@ -527,7 +528,7 @@ def candidate_logprobs(
         raise InputError("candidate_logprobs: a candidate has no tokens, or -1 padding before its last token")
     depth = int(lengths.max())
     vocab = int(toks.max()) + 1
-    dev = _place_model(model, _resolve_device(device))
+    dev = place_model(model, resolve_device(device, what="extraction device"))
     keep_arg = _takes_logits_to_keep(model)
     lp = np.zeros(n)
     alive = np.ones(n, dtype=bool)
@@ -641,7 +642,7 @@ def sample_continuations(
     prefix = list(map(int, prefix_ids))
     if not prefix:
         raise InputError("sample_continuations: the prefix is empty")
-    dev = _place_model(model, _resolve_device(device))
+    dev = place_model(model, resolve_device(device, what="extraction device"))
     gen = torch.Generator(device=dev).manual_seed(int(seed))
     out = torch.zeros((num_samples, num_tokens), dtype=torch.long, device=dev)
     was_training = model.training

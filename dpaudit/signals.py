@@ -35,12 +35,14 @@ from typing import Iterable, Sequence
 import numpy as np
 import torch
 
+from dpaudit.devices import place_model
 from dpaudit.errors import InputError
 from dpaudit.rundir import write_npz_atomic
 
 __all__ = [
     "TokenSignals",
     "cached_signals",
+    "check_texts",
     "compute_signals",
     "compute_signals_many",
     "signals_fingerprint",
@@ -242,21 +244,8 @@ def _resolve_device(device: str | torch.device) -> torch.device:
     return dev
 
 
-def _place_model(model, device: torch.device) -> torch.device:
-    """Move ``model`` to ``device`` unless it is dispatched over devices already.
-
-    Returns the device its inputs must go to.
-    """
-    if getattr(model, "hf_device_map", None):
-        # Spread over devices by accelerate: inputs go where the embeddings are.
-        return model.get_input_embeddings().weight.device
-    param = next(model.parameters(), None)
-    if param is not None and param.device != device:
-        model.to(device)
-    return device
-
-
-def _check_texts(texts) -> list[str]:
+def check_texts(texts) -> list[str]:
+    """``texts`` as a list of strings; InputError for a single string or a non-string item."""
     if isinstance(texts, (str, bytes)):
         raise InputError("texts must be a sequence of strings, not a single string")
     out = list(texts)
@@ -360,7 +349,7 @@ def _signals_from_ids(
     # Longest first: padding stays small, and an out-of-memory shows up at once.
     order = np.argsort(-lengths, kind="stable")
 
-    dev = _place_model(model, device)
+    dev = place_model(model, device)
     autocast = (
         torch.autocast("cuda", dtype=torch.bfloat16)
         if dev.type == "cuda"
@@ -429,7 +418,7 @@ def compute_signals(
             ``torch.device``.
         progress: show a tqdm progress bar on stderr.
     """
-    texts = _check_texts(texts)
+    texts = check_texts(texts)
     _check_sizes(batch_size, max_length)
     dev = _resolve_device(device)
     ids = _encode(tokenizer, texts, _model_max_length(model, max_length))
@@ -453,7 +442,7 @@ def compute_signals_many(
     Texts are tokenised once. ``models`` may be a generator that loads each model on
     demand, so that only one model is in memory at a time.
     """
-    texts = _check_texts(texts)
+    texts = check_texts(texts)
     _check_sizes(batch_size, max_length)
     dev = _resolve_device(device)
     encoded: dict[int, list[list[int]]] = {}
@@ -521,7 +510,7 @@ def cached_signals(
         )
     if not isinstance(model_id, str) or not model_id:
         raise InputError("cached_signals needs a non-empty model_id string")
-    texts = _check_texts(texts)
+    texts = check_texts(texts)
     _check_sizes(batch_size, max_length)
     path = Path(run_dir_or_cache_dir) / "signals" / f"{name}.npz"
     fingerprint = signals_fingerprint(texts, model_id=model_id, max_length=max_length)
