@@ -172,7 +172,7 @@ def test_batched_teacher_forcing_agrees_with_naive_decoding(tokenizer):
         gen = naive_greedy(model, ids, 3 + 2 * i)
         prefixes.append(ids)
         targets.append(gen[len(ids):])
-    from dpaudit.extraction import _greedy_match
+    from dpaudit.extraction.continuations import _greedy_match
 
     assert _greedy_match(model, prefixes, targets, batch_size=2, device="cpu").all()
     wrong = [t[:-1] + [(t[-1] + 1) % 256] for t in targets]
@@ -214,9 +214,10 @@ def naive_continuation(model, prefix_ids, target_ids):
 @pytest.mark.parametrize("output_layer_everywhere", [False, True])
 def test_continuation_scores_agree_with_a_naive_loop(memorised, tokenizer, monkeypatch, output_layer_everywhere):
     from dpaudit import extraction as E
+    from dpaudit.extraction import continuations
 
     if output_layer_everywhere:  # the path of a model that does not take logits_to_keep
-        monkeypatch.setattr(E, "_takes_logits_to_keep", lambda model: False)
+        monkeypatch.setattr(continuations, "takes_logits_to_keep", lambda model: False)
     prefixes = [SECRET[:13], SECRET[:13], SECRET[:5], "hello", "The quick brown fox jumps", "x"]
     targets = [SECRET[13:], " random words", SECRET[5:], " world", " over it", "yz"]
     got = E.continuation_scores(memorised, tokenizer, prefixes=prefixes, targets=targets, batch_size=4, device="cpu")
