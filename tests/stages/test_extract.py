@@ -12,13 +12,9 @@ import numpy as np
 import pytest
 import torch
 
+from dpaudit.extraction import MAX_NOTES_PER_GROUP, mrn_notes, patient_groups
 from dpaudit.rundir import RunDir
-from dpaudit.stages.extract import (
-    MAX_NOTES_PER_GROUP,
-    extract_model,
-    mrn_notes,
-    patient_groups,
-)
+from dpaudit.stages.extract import extract_model
 
 GROUP_KEYS = ["notes", "member_patients", "heldout_patients", "member_mean_logprob", "heldout_mean_logprob",
               "member_extracted", "heldout_extracted"]
@@ -114,8 +110,7 @@ def test_patient_secrets_agree_with_a_naive_loop(tmp_path, clinical_candidates):
     assert result["new_token_canaries"] == {c.id: {"extracted": bool(h)} for c, h in zip(canaries, hit)}
 
     # PII fields and k-extractable records against the library calls, note by note
-    from dpaudit.extraction import k_extractable
-    from dpaudit.stages.extract import pii_notes
+    from dpaudit.extraction import k_extractable, pii_notes
 
     for field in ("mrn", "phone"):
         notes = pii_notes(clinical_candidates, field)
@@ -216,7 +211,7 @@ def test_canaries_without_prefix_are_extracted_from_their_first_token():
     from dpaudit.data.tokenizer import train_tokenizer
     from dpaudit.extraction import greedy_extracted
     from dpaudit.models import build_model
-    from dpaudit.stages.extract import _split_canary
+    from dpaudit.extraction.canaries import _split_canary
 
     tok = train_tokenizer(["Canary record: some text", "Audit code: other text"] * 20, vocab_size=300)
     add_canary_tokens(tok, "new_token_bare")

@@ -137,7 +137,7 @@ def test_dpaudit_extract_measures_exposure_exactly(prepared, capsys):
     assert k["k"] == 8 and k["members"]["num"] <= 10 and k["heldout"]["num"] <= 10
 
     # beyond the limit the skew-normal estimate; a second run without --force keeps the file
-    from dpaudit.stages.extract import secret_canaries
+    from dpaudit.extraction import secret_canaries
 
     config.canaries.secrets.enumerate_limit = 10
     config.canaries.secrets.sample_size = 200
