@@ -41,7 +41,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -155,17 +154,17 @@ def equalized_base(rundir, tokenizer, spec, out: Path) -> Path:
 def measure(rundir, *, lever: dict, num: int, epsilon: float, seed: int, work: Path) -> dict:
     import datasets
 
-    from dpaudit.accounting import dpsgd_parameters
     from dpaudit.audit import CanaryScores, claimed_curve_bound
     from dpaudit.canaries import insert_canaries, new_tokens
     from dpaudit.data.corpus import tokenize_dataset
     from dpaudit.models import load_model
     from dpaudit.signals import compute_signals
+    from dpaudit.stages.artifacts import read_tokenizer
     from dpaudit.stages.prepare import derive_seeds
     from dpaudit.stages.train import effective_config
-    from dpaudit.train import dpsgd
+    from dpaudit.train import TrainingRecord, dpsgd
 
-    config, tok = rundir.read_config(), rundir.read_tokenizer()
+    config, tok = rundir.read_config(), read_tokenizer(rundir)
     num = lever.get("num", num)
     spec, canaries = canary_set(num=num, distinct=lever.get("distinct", False), seed=seed, length=lever.get("length"),
                                 bare=lever.get("bare", False))
@@ -192,7 +191,7 @@ def measure(rundir, *, lever: dict, num: int, epsilon: float, seed: int, work: P
                              noise_multiplier=lever.get("sigma"))
     num_members = sum(c["role"] == "member" for c in cands)
 
-    def train_with(planted, model_seed: int, name: str):
+    def train_with(planted, model_seed: int):
         """One DP-SGD model on the members plus the included ones of ``planted``."""
         ins = int(sum(c.included for c in planted))
         train = tokenize_dataset(insert_canaries(rows, planted, seed=derive_seeds(config.seed)["insertion"]), tok,
@@ -206,15 +205,13 @@ def measure(rundir, *, lever: dict, num: int, epsilon: float, seed: int, work: P
                                   train=dataclasses.replace(base_cfg.train, lr=lever.get("lr", base_cfg.train.lr),
                                                             dp=dp, batch_size=batch, eval_every=10**9,
                                                             steps=lever.get("steps", base_cfg.train.steps)))
-        run_dir = work / name
-        shutil.rmtree(run_dir, ignore_errors=True)
-        return dpsgd(train, tok, seed=model_seed, config=cfg, run_dir=run_dir, eval_dataset=heldout), run_dir
+        trained = TrainingRecord()
+        return dpsgd(train, tok, seed=model_seed, config=cfg, record=trained, eval_dataset=heldout), trained
 
     t0 = time.perf_counter()
-    model, run_dir = train_with(canaries, seed, "model")
+    model, trained = train_with(canaries, seed)
     train_s = time.perf_counter() - t0
-    record = json.loads((run_dir / "dp_event.json").read_text())
-    log = [json.loads(line) for line in (run_dir / "train_log.jsonl").read_text().splitlines()]
+    record, log = trained.dp, trained.log
 
     texts = [c.text for c in canaries]
     kw = {"batch_size": 64, "max_length": config.data.max_length, "device": "cpu", "progress": False}
@@ -248,7 +245,7 @@ def measure(rundir, *, lever: dict, num: int, epsilon: float, seed: int, work: P
         for r in range(lever["references"]):
             flags = rng.random(num) < 0.5
             ref_model, _ = train_with([dataclasses.replace(c, included=bool(f)) for c, f in zip(canaries, flags)],
-                                      seed + 1 + r, f"reference-{r}")
+                                      seed + 1 + r)
             sig = compute_signals(ref_model, tok, texts, **kw)
             ref_scores.append(total(sig, secret) - base_secret)
             ref_in.append(flags)
@@ -260,17 +257,17 @@ def measure(rundir, *, lever: dict, num: int, epsilon: float, seed: int, work: P
     contrast = pool_contrast(model, tok, texts, pool_ids, n_secret)
     scores["secret contrast"] = contrast
     scores["secret contrast - base"] = contrast - pool_contrast(base, tok, texts, pool_ids, n_secret)
-    family = dpsgd_parameters(record)
+    family = record.dpsgd_parameters
     significance = 0.05 / (2 * len(scores))
-    out = {"sigma": record["noise_multiplier"], "sample_rate": record["sample_rate"], "steps": record["steps"],
+    out = {"sigma": record.noise_multiplier, "sample_rate": record.sample_rate, "steps": record.steps,
            "num_canaries": num, "train_s": round(train_s, 1), "heldout_perplexity": log[-1].get("heldout_perplexity"),
            "cross_talk": talk, "scores": {}}
     for name, s in scores.items():
         cs = CanaryScores(in_scores=s[included], out_scores=s[~included], seed=0)
         out["scores"][name] = {
             "auc": float(cs.auc()),
-            "one_run": cs.bound("one_run", delta=record["delta"], significance=significance).epsilon,
-            "family": claimed_curve_bound(cs, **family, delta=record["delta"], significance=significance).epsilon,
+            "one_run": cs.bound("one_run", delta=record.delta, significance=significance).epsilon,
+            "family": claimed_curve_bound(cs, **family, delta=record.delta, significance=significance).epsilon,
         }
     return out
 

@@ -80,11 +80,12 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     args = ap.parse_args(argv)
 
-    from dpaudit import signals as S
+    from dpaudit.devices import resolve_device
+    from dpaudit.signals import compute as S
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    device = S._resolve_device(args.device)
+    device = resolve_device(args.device)
     model, tokenizer, texts, ids = build(args)
     model.to(device)
     autocast = (

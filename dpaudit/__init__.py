@@ -4,12 +4,7 @@ Three jobs share one pipeline: auditing a released model, validating that a DP-S
 implementation earns its claimed epsilon, and producing compliance plots.
 """
 
-from importlib.metadata import PackageNotFoundError, version
-
-try:
-    __version__ = version("dpaudit")
-except PackageNotFoundError:  # running from a source tree that was never installed
-    __version__ = "0.0.0+unknown"
+from dpaudit.version import __version__
 
 __all__ = ["__version__", "run"]
 

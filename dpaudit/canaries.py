@@ -36,7 +36,6 @@ draws, so their canaries can be pooled in one audit.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import string
@@ -50,7 +49,7 @@ import numpy as np
 import yaml
 
 from dpaudit.errors import InputError
-from dpaudit.rundir import write_json_atomic
+from dpaudit.seeds import seed_sequence
 
 __all__ = [
     "KINDS",
@@ -65,8 +64,8 @@ __all__ = [
     "add_canary_tokens",
     "find_token_collisions",
     "insert_canaries",
-    "save_canaries",
-    "load_canaries",
+    "canaries_to_dict",
+    "canaries_from_dict",
 ]
 
 KINDS = ("random_secret", "pii", "new_token")
@@ -301,7 +300,7 @@ def sample_secrets(spec: dict | str, *, num: int, rng: np.random.Generator) -> l
 def _root_seed_sequence(seed: int, set_name: str) -> np.random.SeedSequence:
     """``SeedSequence(seed)`` keyed by the set name (a stable CRC32), so two sets generated
     with the same seed get independent secrets and inclusion draws."""
-    return np.random.SeedSequence(seed, spawn_key=(zlib.crc32(set_name.encode("utf-8")),))
+    return seed_sequence(seed, zlib.crc32(set_name.encode("utf-8")))
 
 
 def make_canaries(
@@ -462,33 +461,26 @@ def insert_canaries(members, canaries: list[Canary], *, seed: int):
     return combined.select(perm).flatten_indices()
 
 
-def save_canaries(canaries: list[Canary], path: str | os.PathLike, *, spec: dict | str | None = None) -> Path:
-    """Write canaries (and optionally their spec and secret-space size) as JSON, atomically."""
+def canaries_to_dict(canaries: list[Canary], *, spec: dict | str | None = None) -> dict[str, Any]:
+    """The content of a canary file: the canaries (and optionally their spec and secret-space
+    size); :func:`canaries_from_dict` reads it back."""
     payload: dict[str, Any] = {"schema_version": CANARY_SCHEMA_VERSION}
     if spec is not None:
         spec = _resolve_spec(spec)
         payload["spec"] = spec
         payload["secret_space_size"] = str(secret_space_size(spec))  # may exceed 2^53
     payload["canaries"] = [c.to_dict() for c in canaries]
-    path = Path(path)
-    write_json_atomic(path, payload)
-    return path
+    return payload
 
 
-def load_canaries(path: str | os.PathLike) -> tuple[list[Canary], dict | None]:
-    """Read canaries written by :func:`save_canaries`: ``(canaries, spec or None)``."""
-    path = Path(path)
-    if not path.is_file():
-        raise InputError(f"canary file not found: {path}")
-    try:
-        payload = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise InputError(f"canary file {path} is not valid JSON: {exc}") from None
-    if payload.get("schema_version") != CANARY_SCHEMA_VERSION:
-        raise InputError(f"canary file {path} has schema_version {payload.get('schema_version')!r}, "
-                         f"expected {CANARY_SCHEMA_VERSION}")
+def canaries_from_dict(payload: Any, *, origin: str = "canary file") -> tuple[list[Canary], dict | None]:
+    """``(canaries, spec or None)`` from :func:`canaries_to_dict`'s content; an
+    :class:`InputError` names ``origin`` when it is malformed."""
+    if not isinstance(payload, dict) or payload.get("schema_version") != CANARY_SCHEMA_VERSION:
+        found = payload.get("schema_version") if isinstance(payload, dict) else None
+        raise InputError(f"{origin} has schema_version {found!r}, expected {CANARY_SCHEMA_VERSION}")
     try:
         canaries = [Canary(**c) for c in payload["canaries"]]
     except (KeyError, TypeError) as exc:
-        raise InputError(f"canary file {path} has malformed canaries: {exc}") from None
+        raise InputError(f"{origin} has malformed canaries: {exc}") from None
     return canaries, payload.get("spec")

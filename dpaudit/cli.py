@@ -1,8 +1,9 @@
 """The command line: ``dpaudit <command>``.
 
-Exit status: 0 = done (every audit consistent, or nothing to audit), 1 = an audit found a
-violation, 2 = bad input or usage, 3 = an audit is inconclusive (it could not have seen a
-violation of the claim), 4 = a model of the run failed (its error is in the report).
+Exit status (:class:`dpaudit.errors.ExitCode`): 0 = done (every audit consistent, or nothing
+to audit), 1 = an audit found a violation, 2 = bad input or usage, 3 = an audit is
+inconclusive (it could not have seen a violation of the claim), 4 = a model of the run failed
+(its error is in the report).
 With ``--json`` a command prints exactly one JSON object on stdout; progress bars, logs
 and warnings go to stderr.
 """
@@ -17,10 +18,8 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
-from dpaudit import __version__
-from dpaudit.errors import InputError
-
-EXIT_OK, EXIT_VIOLATION, EXIT_USAGE, EXIT_INCONCLUSIVE, EXIT_FAILED = 0, 1, 2, 3, 4
+from dpaudit.version import __version__
+from dpaudit.errors import ExitCode, InputError
 
 
 def _config_args(p: argparse.ArgumentParser, *, default: str) -> None:
@@ -154,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help(sys.stderr)
-        return EXIT_USAGE
+        return ExitCode.USAGE
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, stream=sys.stderr,
                         format="%(message)s")
     if not args.verbose:  # tracebacks go to run.log (and to stderr with -v), not onto the user's terminal
@@ -172,14 +171,14 @@ def main(argv: list[str] | None = None) -> int:
         return args.handler(args)
     except InputError as err:
         print(f"dpaudit {args.command}: error: {err}", file=sys.stderr)
-        return EXIT_USAGE
+        return ExitCode.USAGE
     except OSError as err:
         if err.errno is None:  # not the file system's: a bug, keep its traceback
             raise
         where = f": {err.filename}" if err.filename else ""
         print(f"dpaudit {args.command}: error: {err.strerror or err}{where} (nothing half-written is left; "
               "finished artifacts are kept)", file=sys.stderr)
-        return EXIT_USAGE
+        return ExitCode.USAGE
     except KeyboardInterrupt:
         hint = ""
         if args.command in ("run", "train") and args.out:
@@ -230,7 +229,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     text = "\n".join(f"{r['name']}: " + (f"failed: {r['error']}" if r["error"] else
                                         f"held-out perplexity {_fmt(r['heldout_perplexity'], '.2f')}") for r in rows)
     _emit(args, {"run_dir": str(result.rundir.root), "models": rows}, f"{text}\ntrained in {result.rundir.root}")
-    return EXIT_OK if result.ok else EXIT_FAILED
+    return ExitCode.OK if result.ok else ExitCode.FAILED
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -255,7 +254,7 @@ def cmd_attack(args: argparse.Namespace) -> int:
                for name, res in models.items()}
     text = "\n\n".join(f"{name}:\n{_attack_table(s)}" for name, s in summary.items())
     _emit(args, {"run_dir": str(args.run_dir), "models": summary, "failed": result.failed}, text)
-    return EXIT_OK if result.ok else EXIT_FAILED
+    return ExitCode.OK if result.ok else ExitCode.FAILED
 
 
 def cmd_extract(args: argparse.Namespace) -> int:
@@ -279,12 +278,12 @@ def cmd_extract(args: argparse.Namespace) -> int:
                          f"held-out {_fmt(k['heldout']['fraction'], '.1%')}")
         lines.append(f"{name}:\n  " + "\n  ".join(parts))
     _emit(args, {"run_dir": str(args.run_dir), "models": models}, "\n".join(lines) or "no trained models")
-    return EXIT_OK
+    return ExitCode.OK
 
 
 def cmd_audit_model(args: argparse.Namespace) -> int:
     from dpaudit.stages.audit_model import audit_model
-    from dpaudit.report import build_report
+    from dpaudit.stages.report import build_report
 
     if args.batch_size <= 0 or args.max_length <= 0:
         raise InputError("--batch-size and --max-length must be positive")
@@ -366,7 +365,7 @@ def _validate_step(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from dpaudit.report import build_report
+    from dpaudit.stages.report import build_report
     from dpaudit.rundir import RunDir
 
     RunDir(args.run_dir).check()
@@ -412,10 +411,10 @@ def _finish_audit(args: argparse.Namespace, out: Path, report: dict) -> int:
         print(f"warning: {warning}", file=sys.stderr)
     _emit(args, report, "\n".join(lines))
     if "violated" in statuses:
-        return EXIT_VIOLATION
+        return ExitCode.VIOLATION
     if "failed" in statuses:
-        return EXIT_FAILED
-    return EXIT_INCONCLUSIVE if "inconclusive" in statuses else EXIT_OK
+        return ExitCode.FAILED
+    return ExitCode.INCONCLUSIVE if "inconclusive" in statuses else ExitCode.OK
 
 
 def _attack_names(text: str | None) -> list[str] | None:
@@ -450,7 +449,7 @@ def cmd_accountant(args: argparse.Namespace) -> int:
         _emit(args, {"noise_multiplier": sigma, "epsilon": eps, "target_epsilon": args.target_epsilon,
                      "delta": args.delta, "method": args.method},
               f"noise multiplier = {sigma:.4f} (epsilon = {eps:.4f} at delta = {args.delta:g}, {args.method})")
-    return EXIT_OK
+    return ExitCode.OK
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -458,4 +457,4 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     result = run_bench(size=args.size, batch=args.batch, rounds=args.rounds, device=args.device)
     _emit(args, result, summary(result))
-    return EXIT_OK
+    return ExitCode.OK

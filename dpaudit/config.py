@@ -419,17 +419,6 @@ def validate(config: Config) -> None:
         raise InputError(f"config key data.holdout_fraction must be in (0, 1), got {config.data.holdout_fraction}")
     if not 0 < config.canaries.inclusion_prob < 1:
         raise InputError(f"config key canaries.inclusion_prob must be in (0, 1), got {config.canaries.inclusion_prob}")
-    if config.attack.attacks or config.attack.params:
-        from dpaudit.attacks import available_attacks, get_attack
-
-        unknown = sorted(set(config.attack.attacks) - set(available_attacks()))
-        if unknown:
-            raise InputError(f"config key attack.attacks names unknown attack(s) {', '.join(unknown)}")
-        for name, params in config.attack.params.items():
-            try:
-                get_attack(name, **params)
-            except InputError as err:
-                raise InputError(f"config key attack.params.{name}: {err}") from None
     if not 0 <= config.data.public_fraction < 1:
         raise InputError(f"config key data.public_fraction must be in [0, 1), got {config.data.public_fraction}")
     if config.trains_base():
@@ -459,10 +448,9 @@ def validate(config: Config) -> None:
 
 
 def _validate_audit(config: Config) -> None:
-    """``audit.*``: K >= 1 runs per side, models of the run, an attack that scores one model
-    alone, and (multi-run) a canary to insert."""
-    from dpaudit.attacks import available_attacks, get_attack
-
+    """``audit.*``: K >= 1 runs per side, models of the run and (multi-run) a canary to insert.
+    Its attack is checked against the attack registry by the stages
+    (:func:`dpaudit.stages.check_config`)."""
     a = config.audit
     _positive("audit.num_runs", a.num_runs)
     unknown = sorted(set(a.models) - set(config.model_names()))
@@ -471,12 +459,6 @@ def _validate_audit(config: Config) -> None:
                          f"(models: {', '.join(config.model_names())})")
     if a.mode == "multi_run" and config.canaries.num == 0:
         raise InputError("config key audit.mode multi_run needs a canary to insert: set canaries.num >= 1")
-    if a.attack not in available_attacks():
-        raise InputError(f"config key audit.attack must be an attack, got {a.attack!r} "
-                         f"(known: {', '.join(available_attacks())})")
-    needs = sorted(get_attack(a.attack).requires - {"texts"})
-    if needs:
-        raise InputError(f"config key audit.attack must score a model alone; {a.attack} needs {', '.join(needs)}")
 
 
 def _positive(path: str, value: float | None, *, allow_zero: bool = False) -> None:

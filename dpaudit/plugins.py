@@ -3,9 +3,18 @@
     train(dataset: datasets.Dataset, tokenizer, *, seed: int) -> transformers.PreTrainedModel
 
 The dataset has the columns ``text``, ``input_ids``, ``attention_mask`` and ``unit_id``, and
-the callable trains on exactly those rows. The toolkit's own trainers also accept the
-keyword-only ``config``, ``run_dir`` and ``eval_dataset``; those are passed only to a
-callable whose signature names them.
+the callable trains on exactly those rows. A trainer may also take any of the keyword-only
+
+- ``config``: the run's :class:`dpaudit.config.Config` (the model, ``train`` and ``data`` sections);
+- ``record``: a :class:`dpaudit.train.TrainingRecord` to fill (the training log, the run's
+  :class:`dpaudit.accounting.DpRecord`, the sampler checks), which the train stage writes
+  into the model's directory: a trainer that fills ``record.dp`` gets the audits that need
+  its DP-SGD parameters (the claimed-curve test, the sampler checks);
+- ``eval_dataset``: the held-out records, for its own evaluation;
+- ``run_dir``: the model's directory while it trains, for files of its own (a
+  ``dp_event.json`` written there counts when ``record.dp`` is left empty);
+
+each passed only to a callable whose signature names it.
 """
 
 from __future__ import annotations
@@ -18,7 +27,7 @@ from typing import Any
 
 from dpaudit.errors import InputError
 
-OPTIONAL_KWARGS = ("config", "run_dir", "eval_dataset")
+OPTIONAL_KWARGS = ("config", "record", "run_dir", "eval_dataset")
 
 
 def load_callable(spec: str, *, what: str = "trainer") -> Callable[..., Any]:
@@ -49,11 +58,12 @@ def call_trainer(
     *,
     seed: int,
     config=None,
+    record=None,
     run_dir: str | Path | None = None,
     eval_dataset=None,
 ):
     """Call a trainer with the contract's arguments plus the optional ones it accepts."""
-    extra = {"config": config, "run_dir": run_dir, "eval_dataset": eval_dataset}
+    extra = {"config": config, "record": record, "run_dir": run_dir, "eval_dataset": eval_dataset}
     return fn(dataset, tokenizer, seed=seed, **accepted_kwargs(fn, extra))
 
 

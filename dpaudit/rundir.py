@@ -20,6 +20,10 @@ A run is a set of models that share their data, canaries and reference fleet::
       report.json, report.html, figures/, tables/                          (report)
       step_audit.json, step_audit.npz  white-box audit of one step          (validate --step)
 
+This module knows the layout and writes atomically; it holds plain data only (JSON, arrays).
+Typed artifacts (the DP record, canaries, the split, the tokenizer, signals, the fleet) are
+read and written by the stages through their codecs (:mod:`dpaudit.stages.artifacts`).
+
 A stage that builds a directory (``data/``, ``base/``, ``models/NAME/``) builds it under a
 hidden staging name and renames it into place at the end, so a directory that carries its
 real name is complete; files are written to a temporary name and renamed. An interrupted
@@ -31,14 +35,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import platform
 import shutil
-import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
-from datetime import datetime, timezone
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +45,6 @@ from dpaudit.errors import InputError
 from dpaudit.jsonable import jsonable
 
 SCHEMA_VERSION = 1
-PACKAGES = ("dpaudit", "torch", "transformers", "datasets", "tokenizers", "dp-accounting", "numpy", "scipy", "peft", "opacus")
 
 
 @contextlib.contextmanager
@@ -164,19 +162,6 @@ class ModelDir:
 
     def read_train_log(self) -> list[dict[str, Any]]:
         return read_jsonl(self.train_log_path) if self.train_log_path.is_file() else []
-
-    def read_train_fit(self) -> tuple[float | None, float | None]:
-        """Loss on the training rows before training (the step-0 record) and at the last
-        evaluation; ``(None, None)`` when the trainer logged no step-0 evaluation."""
-        fits = [r for r in self.read_train_log() if r.get("train_eval_loss") is not None]
-        if len(fits) < 2 or fits[0].get("step") != 0:
-            return None, None
-        return float(fits[0]["train_eval_loss"]), float(fits[-1]["train_eval_loss"])
-
-    def read_dp_event(self) -> dict[str, Any] | None:
-        """``dp_event.json``, or None when the trainer wrote none (a plug-in that does not
-        take ``run_dir``): then nothing is known about its privacy."""
-        return read_json(self.dp_event_path) if self.dp_event_path.is_file() else None
 
     def read_train_checks(self) -> dict[str, Any] | None:
         return read_json(self.train_checks_path) if self.train_checks_path.is_file() else None
@@ -330,8 +315,8 @@ class RunDir:
 
         return load_config(self.config_path)
 
-    def write_manifest(self, *, seeds: dict[str, int], command: list[str] | None = None) -> None:
-        write_json_atomic(self.manifest_path, manifest(seeds=seeds, command=command))
+    def write_manifest(self, manifest: dict[str, Any]) -> None:
+        write_json_atomic(self.manifest_path, manifest)
 
     def read_manifest(self) -> dict[str, Any] | None:
         return read_json(self.manifest_path) if self.manifest_path.is_file() else None
@@ -339,11 +324,6 @@ class RunDir:
     # data/ (the prepare stage): one staged directory
     def data_complete(self) -> bool:
         return (self.data_dir / "canaries.json").is_file()
-
-    def read_split(self) -> dict[str, Any]:
-        from dpaudit.data.corpus import load_split
-
-        return load_split(self.data_dir / "split.json")
 
     def read_candidates(self) -> list[dict[str, Any]]:
         """The records the attacks score: ``{"text", "unit_id", "role": member|heldout}``."""
@@ -354,55 +334,19 @@ class RunDir:
         path = self.data_dir / "public.jsonl"
         return read_jsonl(path) if path.is_file() else []
 
-    def read_canaries(self) -> list:
-        """The run's canaries as :class:`dpaudit.canaries.Canary` objects."""
-        from dpaudit.canaries import load_canaries
-
-        return load_canaries(self.data_dir / "canaries.json")[0]
-
     def read_canary_file(self) -> dict[str, Any]:
         """``canaries.json`` as written (spec, secret space size, canaries)."""
         return read_json(self.data_dir / "canaries.json")
 
-    def read_secrets(self) -> tuple[list, dict | None]:
-        """The secret canaries (``canaries.secrets``, in ``data/secrets.json``) and their spec;
-        ``([], None)`` for a run without them."""
-        from dpaudit.canaries import load_canaries
-
-        path = self.data_dir / "secrets.json"
-        return load_canaries(path) if path.is_file() else ([], None)
-
-    @staticmethod
-    def write_data(directory: Path, *, split: dict, candidates: list[dict], public: list[dict],
-                   canaries: list, spec: dict, tokenizer, secrets: list | None = None,
-                   secret_spec: dict | None = None) -> None:
-        """The prepare stage's files, into the staging ``directory`` of :attr:`data_dir`."""
-        from dpaudit.canaries import save_canaries
-        from dpaudit.data.corpus import save_split
-
-        save_split(split, directory / "split.json")
-        write_jsonl_atomic(directory / "candidates.jsonl", candidates)
-        if public:
-            write_jsonl_atomic(directory / "public.jsonl", public)
-        if secrets:
-            save_canaries(secrets, directory / "secrets.json", spec=secret_spec)
-        tokenizer.save_pretrained(directory / "tokenizer")
-        save_canaries(canaries, directory / "canaries.json", spec=spec)  # last: marks data/ complete
-
-    def read_tokenizer(self):
-        from dpaudit.data.tokenizer import load_tokenizer
-
-        return load_tokenizer(self.tokenizer_dir)
+    secrets_path = property(lambda self: self.data_dir / "secrets.json")
 
     # the base model
     def base_complete(self) -> bool:
         return (self.base_dir / "config.json").is_file()
 
-    def read_fleet(self) -> tuple[Any, list[Path]] | None:
-        """``(keep [M, n], model dirs)`` of the finished reference models, or None without a fleet."""
-        from dpaudit.fleet import KEEP_FILE, load_fleet
-
-        return load_fleet(self.fleet_dir) if (self.fleet_dir / KEEP_FILE).is_file() else None
+    def has_fleet(self) -> bool:
+        """The fleet's inclusion matrix is written (its models may still be training)."""
+        return (self.fleet_dir / "keep.npz").is_file()
 
     # models
     def model(self, name: str) -> ModelDir:
@@ -425,51 +369,3 @@ class RunDir:
 
     def read_report(self) -> dict[str, Any]:
         return read_json(self.report_json)
-
-
-def manifest(*, seeds: dict[str, int], command: list[str] | None = None) -> dict[str, Any]:
-    """Package versions, seeds, the source's git commit where available, and the hardware."""
-    versions = {}
-    for name in PACKAGES:
-        try:
-            versions[name] = version(name)
-        except PackageNotFoundError:
-            versions[name] = None
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "command": command if command is not None else sys.argv,
-        "python": platform.python_version(),
-        "packages": versions,
-        "git_commit": _git_commit(),
-        "seeds": seeds,
-        "hardware": _hardware(),
-    }
-
-
-def _git_commit() -> str | None:
-    source = Path(__file__).resolve().parent
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=source, capture_output=True, text=True, timeout=5, check=True
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() or None
-
-
-def _hardware() -> dict[str, Any]:
-    import torch
-
-    info: dict[str, Any] = {
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        # the kernels torch dispatches to (e.g. AVX2, AVX512): CPU results are the same to the bit only at equal ones
-        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "cuda": torch.cuda.is_available(),
-    }
-    if torch.cuda.is_available():
-        info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-    return info

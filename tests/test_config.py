@@ -46,8 +46,12 @@ def test_overrides_and_round_trip(tmp_path):
     ],
 )
 def test_bad_values_name_the_key(overrides, message):
+    """Each is refused before anything is written: by the config itself, or (the attack
+    settings, which the config knows by name only) by the stages' check of it."""
+    from dpaudit.stages import check_config
+
     with pytest.raises(InputError, match=None) as err:
-        load_config("tiny", overrides=overrides)
+        check_config(load_config("tiny", overrides=overrides))
     assert message in str(err.value)
 
 

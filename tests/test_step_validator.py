@@ -227,20 +227,23 @@ def test_report_shows_the_step_audit(tmp_path):
     from dpaudit.report.data import assemble
     from dpaudit.report.html import render
     from dpaudit.rundir import RunDir, write_json_atomic
-    from dpaudit.train.loop import DPSGD, PrivacyPlan, dp_record
+    from dpaudit.stages.report import read_snapshot
+    from dpaudit.train.loop import DPSGD
+    from dpaudit.train.plan import PrivacyPlan, dp_record
 
     run = RunDir(tmp_path / "run")
     run.root.mkdir()
     run.write_config(load_config("tiny", overrides=["models=[{name: m}]"]))
-    assert assemble(run).report["step_audit"] is None
+    assert assemble(read_snapshot(run)).report["step_audit"] is None
     plan = PrivacyPlan(noise_multiplier=S, max_grad_norm=C, delta=1e-3, sample_rate=0.05, steps=20, num_units=80,
                        unit="example", accountant="rdp", expected_batch_size=B, target_epsilon=None)
     run.model("m").root.mkdir(parents=True)
-    write_json_atomic(run.model("m").dp_event_path, dp_record(DPSGD, plan, num_units=80, steps=20, batch_size=B))
+    write_json_atomic(run.model("m").dp_event_path, dp_record(trainer=DPSGD.name, sampler=DPSGD.sampler, plan=plan,
+                                                                  num_units=80, steps=20, batch_size=B).to_dict())
     result = validate_step(step="dpaudit.train:dpsgd_step", noise_multiplier=S, max_grad_norm=C,
                            expected_batch_size=B, repetitions=16, out=run.root, delta=1e-3, accountant="rdp")
     assert result["run"]["model"] == "m" and result["run"]["steps"] == 20  # q and T of m's dp_event.json
-    report = assemble(run).report
+    report = assemble(read_snapshot(run)).report
     assert report["step_audit"]["verdict"] == result["verdict"]
     assert report["step_audit"]["run"]["sample_rate"] == pytest.approx(0.05)
     html = render(report, {})

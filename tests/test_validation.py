@@ -111,14 +111,16 @@ def test_own_engine_on_the_demo_preset_is_consistent(tmp_path, capsys, epsilon):
 
 def test_accounting_that_is_not_of_the_training_run_is_caught():
     """Micro-steps accounted as steps: the event says 4T steps at q / 4, the sampler ran T at q."""
-    from dpaudit.stages.validate import accounting_mismatch
+    from types import SimpleNamespace as Record
+
+    from dpaudit.audit.assess import accounting_mismatch
 
     checks = {"batch_size": {"steps": 71, "expected_mean": 32.0}}
     right = {"steps": 71, "sample_rate": 32.0 / 561, "num_units": 561}
-    assert accounting_mismatch(right, checks) is None
-    assert "284 steps" in accounting_mismatch({**right, "steps": 284, "sample_rate": 8.0 / 561}, checks)
-    assert "sampling rate" in accounting_mismatch({**right, "sample_rate": 8.0 / 561}, checks)
-    assert accounting_mismatch(right, None) is None and accounting_mismatch(None, checks) is None
+    assert accounting_mismatch(Record(**right), checks) is None
+    assert "284 steps" in accounting_mismatch(Record(**{**right, "steps": 284, "sample_rate": 8.0 / 561}), checks)
+    assert "sampling rate" in accounting_mismatch(Record(**{**right, "sample_rate": 8.0 / 561}), checks)
+    assert accounting_mismatch(Record(**right), None) is None and accounting_mismatch(None, checks) is None
 
 
 def test_validate_isolates_its_canaries_unless_told_otherwise():
@@ -146,14 +148,15 @@ def test_full_batch_trains_every_unit_in_every_step(tmp_path, capsys):
     """--full-batch: q = 1 over exactly the units trained on (members and included canaries),
     10 steps unless train.steps is set, and every step's Poisson batch is all of them."""
     from dpaudit.rundir import RunDir
+    from dpaudit.stages.artifacts import read_dp_record
 
     code, out, _ = validate(capsys, "--trainer", "dpaudit.train:dpsgd", "--epsilon", "4", "--delta", "1e-3",
                             "--full-batch", "--set", "train.dp.noise_multiplier=1.0", "--out", str(tmp_path / "v"))
     assert code in (0, 3), out
     model = RunDir(tmp_path / "v").model("validate")
-    event, log = model.read_dp_event(), model.read_train_log()
-    assert (event["sample_rate"], event["steps"]) == (1.0, 10)
-    assert {row["batch_size"] for row in log if "batch_size" in row} == {event["num_units"]}
+    event, log = read_dp_record(model), model.read_train_log()
+    assert (event.sample_rate, event.steps) == (1.0, 10)
+    assert {row["batch_size"] for row in log if "batch_size" in row} == {event.num_units}
     # train.steps set in the config file itself (not only by --set)
     raw = yaml.safe_load(resources.files("dpaudit.presets").joinpath("tiny.yaml").read_text())
     raw.setdefault("train", {})["steps"] = 3
@@ -161,4 +164,4 @@ def test_full_batch_trains_every_unit_in_every_step(tmp_path, capsys):
     code, _, _ = validate(capsys, "--trainer", "dpaudit.train:dpsgd", "--epsilon", "4", "--delta", "1e-3",
                           "--full-batch", "--config", str(tmp_path / "steps.yaml"),
                           "--set", "train.dp.noise_multiplier=1.0", "--out", str(tmp_path / "w"))
-    assert RunDir(tmp_path / "w").model("validate").read_dp_event()["steps"] == 3
+    assert read_dp_record(RunDir(tmp_path / "w").model("validate")).steps == 3

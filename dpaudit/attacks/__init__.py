@@ -24,6 +24,7 @@ from dpaudit.attacks.base import REQUIREMENTS, Attack, AttackInputs
 from dpaudit.attacks.registry import (
     attack_class,
     available_attacks,
+    check_settings,
     get_attack,
     register,
     runnable_attacks,
@@ -38,6 +39,7 @@ __all__ = [
     "AttackInputs",
     "attack_class",
     "available_attacks",
+    "check_settings",
     "get_attack",
     "register",
     "runnable_attacks",

@@ -25,7 +25,7 @@ from typing import ClassVar, Sequence
 import numpy as np
 
 from dpaudit.errors import InputError
-from dpaudit.signals import TokenSignals
+from dpaudit.signals.tokens import TokenSignals
 
 __all__ = ["REQUIREMENTS", "Attack", "AttackInputs"]
 

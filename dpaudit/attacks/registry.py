@@ -18,7 +18,7 @@ import re
 from dpaudit.attacks.base import REQUIREMENTS, Attack, AttackInputs
 from dpaudit.errors import InputError
 
-__all__ = ["attack_class", "available_attacks", "get_attack", "register", "runnable_attacks"]
+__all__ = ["attack_class", "available_attacks", "check_settings", "get_attack", "register", "runnable_attacks"]
 
 _REGISTRY: dict[str, type[Attack]] = {}
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
@@ -95,3 +95,24 @@ def get_attack(name: str, **params) -> Attack:
 def runnable_attacks(inputs: AttackInputs) -> list[str]:
     """Names of the registered attacks (default parameters) that can score ``inputs``."""
     return [n for n in available_attacks() if _REGISTRY[n]().can_run(inputs)]
+
+
+def check_settings(*, attacks, params, audit_attack: str) -> None:
+    """The attack settings of a run config (``attack.attacks``, ``attack.params`` and
+    ``audit.attack``) checked against the registry: known names, parameters every attack
+    accepts, and a multi-run attack that scores one model alone. The config itself knows
+    attack names only; the stages call this before anything is written."""
+    unknown = sorted(set(attacks) - set(available_attacks()))
+    if unknown:
+        raise InputError(f"config key attack.attacks names unknown attack(s) {', '.join(unknown)}")
+    for name, kwargs in params.items():
+        try:
+            get_attack(name, **kwargs)
+        except InputError as err:
+            raise InputError(f"config key attack.params.{name}: {err}") from None
+    if audit_attack not in available_attacks():
+        raise InputError(f"config key audit.attack must be an attack, got {audit_attack!r} "
+                         f"(known: {', '.join(available_attacks())})")
+    needs = sorted(get_attack(audit_attack).requires - {"texts"})
+    if needs:
+        raise InputError(f"config key audit.attack must score a model alone; {audit_attack} needs {', '.join(needs)}")

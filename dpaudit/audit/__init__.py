@@ -88,7 +88,8 @@ from dpaudit.audit.two_sample import (
     two_sample_mu_bound,
     two_sample_mu_ceiling,
 )
-from dpaudit.audit.verdict import Verdict, decide, learned
+from dpaudit.audit.assess import Claim, assess, ceilings
+from dpaudit.audit.verdict import Status, Verdict, decide, fit_from_log, learned
 
 __all__ = [
     # bounds
@@ -143,8 +144,13 @@ __all__ = [
     "available_bounds",
     "BoundSpec",
     # verdict
+    "Claim",
+    "Status",
     "Verdict",
+    "assess",
+    "ceilings",
     "decide",
+    "fit_from_log",
     # two samples of a mechanism's output (the white-box step audit)
     "two_sample_mu_bound",
     "two_sample_mu_ceiling",

@@ -267,7 +267,7 @@ def claimed_tradeoff_curve(event, *, value_discretization_interval: float = CURV
     accountant = pld_privacy_accountant.PLDAccountant(value_discretization_interval=float(vdi))
     if not accountant.supports(event):
         raise InputError(f"the pld accountant cannot account for {event!r}")
-    with accounting._quiet_absl(), np.errstate(over="ignore", invalid="ignore"):
+    with accounting.quiet_absl(), np.errstate(over="ignore", invalid="ignore"):
         accountant.compose(event)
         # Past the PLD's largest finite loss, delta stays at its last value (the mass at
         # infinity) and every later line is dominated by the first of them: find where

@@ -39,15 +39,18 @@ keep the verdict at 95%, compute K bounds at 0.05 / K each.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
+from enum import Enum
 from numbers import Real
+from typing import Any
 
 from dpaudit.audit.canary_scores import BoundResult
-from dpaudit.errors import InputError
+from dpaudit.errors import ExitCode, InputError
 from dpaudit.jsonable import jsonable
 
-__all__ = ["STATUSES", "Verdict", "decide", "learned", "MIN_LOSS_DROP"]
+__all__ = ["STATUSES", "Status", "Verdict", "decide", "fit_from_log", "learned",
+           "MIN_LOSS_DROP"]
 
 #: A model "learned" when its loss fell by at least this fraction of the loss before training
 #: (and by at least MIN_LOSS_DROP_NATS): a from-scratch DP model at perplexity 4,246 on a
@@ -66,9 +69,34 @@ def learned(*, initial_loss: float | None, final_loss: float | None, trainable: 
         return None
     return bool(initial_loss - final_loss >= max(MIN_LOSS_DROP * abs(initial_loss), MIN_LOSS_DROP_NATS))
 
+def fit_from_log(log: Sequence[Mapping[str, Any]]) -> tuple[float | None, float | None]:
+    """The loss on the training rows before training (the log's step-0 record) and at its last
+    evaluation, from a training log; ``(None, None)`` when it has no step-0 evaluation."""
+    fits = [r for r in log if r.get("train_eval_loss") is not None]
+    if len(fits) < 2 or fits[0].get("step") != 0:
+        return None, None
+    return float(fits[0]["train_eval_loss"]), float(fits[-1]["train_eval_loss"])
+
+
+class Status(str, Enum):
+    """The four verdicts; each is its string (``Status.VIOLATED == "violated"``)."""
+
+    VIOLATED = "violated"
+    CONSISTENT = "consistent"
+    INCONCLUSIVE = "inconclusive"
+    NO_CLAIM = "no_claim"
+
+    __str__ = str.__str__
+    __format__ = str.__format__
+
+    @property
+    def exit_code(self) -> ExitCode:
+        """1 violated, 3 inconclusive, 0 otherwise."""
+        return {Status.VIOLATED: ExitCode.VIOLATION, Status.INCONCLUSIVE: ExitCode.INCONCLUSIVE}.get(self, ExitCode.OK)
+
+
 #: The four verdicts.
-STATUSES: tuple[str, ...] = ("violated", "consistent", "inconclusive", "no_claim")
-_EXIT_CODES = {"violated": 1, "inconclusive": 3, "consistent": 0, "no_claim": 0}
+STATUSES: tuple[str, ...] = tuple(s.value for s in Status)
 
 
 @dataclass(frozen=True)
@@ -82,7 +110,7 @@ class Verdict:
     the decision. ``ceiling`` is the one given to :func:`decide`.
     """
 
-    status: str
+    status: Status
     reason: str
     claimed_epsilon: float | None
     delta: float | None
@@ -98,15 +126,16 @@ class Verdict:
     def __post_init__(self):
         if self.status not in STATUSES:
             raise InputError(f"status must be one of {STATUSES}, got {self.status!r}")
+        object.__setattr__(self, "status", Status(self.status))
 
     @property
     def exit_code(self) -> int:
         """Command-line exit status: 1 violated, 3 inconclusive, 0 otherwise."""
-        return _EXIT_CODES[self.status]
+        return int(self.status.exit_code)
 
     def to_dict(self) -> dict:
         """Plain JSON (infinities become null); includes ``exit_code``."""
-        return jsonable({**asdict(self), "exit_code": self.exit_code})
+        return jsonable({**asdict(self), "status": self.status.value, "exit_code": self.exit_code})
 
     def summary(self) -> str:
         return f"{self.status}: {self.reason}"

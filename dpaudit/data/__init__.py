@@ -7,9 +7,8 @@ inside the functions that need them, so importing this package stays cheap.
 from dpaudit.data.clinical import generate_clinical_notes
 from dpaudit.data.corpus import (
     apply_split,
+    check_split,
     load_corpus,
-    load_split,
-    save_split,
     split_by_unit,
     tokenize_dataset,
 )
@@ -20,8 +19,7 @@ __all__ = [
     "load_corpus",
     "split_by_unit",
     "apply_split",
-    "save_split",
-    "load_split",
+    "check_split",
     "tokenize_dataset",
     "train_tokenizer",
     "prepare_tokenizer",

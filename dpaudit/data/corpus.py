@@ -13,7 +13,6 @@ held out together (``split_by_unit``), and DP-SGD samples and clips per unit. Wi
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import warnings
@@ -23,15 +22,13 @@ from typing import Any
 import numpy as np
 
 from dpaudit.errors import InputError
-from dpaudit.rundir import write_json_atomic
 
 __all__ = [
     "SPLIT_SCHEMA_VERSION",
     "load_corpus",
     "split_by_unit",
     "apply_split",
-    "save_split",
-    "load_split",
+    "check_split",
     "tokenize_dataset",
 ]
 
@@ -242,7 +239,7 @@ def split_by_unit(dataset, *, holdout_fraction: float = 0.5, seed: int):
 
     Returns ``(members, held_out, split)`` where ``split`` is a JSON-ready dict
     ``{"schema_version", "seed", "holdout_fraction", "member_units", "heldout_units"}``
-    (unit lists sorted) that :func:`save_split` writes and :func:`apply_split` replays.
+    (unit lists sorted) that the prepare stage writes and :func:`apply_split` replays.
     """
     _check_unit_column(dataset)
     try:
@@ -293,28 +290,15 @@ def apply_split(dataset, split: dict):
     return dataset.select(np.flatnonzero(is_member)), dataset.select(np.flatnonzero(is_held))
 
 
-def save_split(split: dict, path: str | os.PathLike) -> Path:
-    """Write a split (from :func:`split_by_unit`) as JSON, atomically (temp file, rename)."""
-    path = Path(path)
-    write_json_atomic(path, {"schema_version": SPLIT_SCHEMA_VERSION, **split})
-    return path
-
-
-def load_split(path: str | os.PathLike) -> dict:
-    """Read a split written by :func:`save_split`."""
-    path = Path(path)
-    if not path.is_file():
-        raise InputError(f"split file not found: {path}")
-    try:
-        split = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise InputError(f"split file {path} is not valid JSON: {exc}") from None
-    if split.get("schema_version") != SPLIT_SCHEMA_VERSION:
-        raise InputError(f"split file {path} has schema_version {split.get('schema_version')!r}, "
-                         f"expected {SPLIT_SCHEMA_VERSION}")
+def check_split(split: Any, *, origin: str = "split file") -> dict:
+    """A split as :func:`split_by_unit` returns it (with its ``schema_version``), checked; an
+    :class:`InputError` names ``origin`` when it is not one."""
+    found = split.get("schema_version") if isinstance(split, dict) else None
+    if found != SPLIT_SCHEMA_VERSION:
+        raise InputError(f"{origin} has schema_version {found!r}, expected {SPLIT_SCHEMA_VERSION}")
     for key in ("seed", "holdout_fraction", "member_units", "heldout_units"):
         if key not in split:
-            raise InputError(f"split file {path} lacks '{key}'")
+            raise InputError(f"{origin} lacks '{key}'")
     return split
 
 

@@ -22,7 +22,7 @@ import torch
 from dpaudit.devices import place_model, resolve_device
 from dpaudit.errors import InputError
 from dpaudit.extraction.forward import check_batch, takes_logits_to_keep
-from dpaudit.signals import check_texts
+from dpaudit.signals.compute import check_texts
 
 __all__ = [
     "ContinuationScores",

@@ -1,8 +1,8 @@
 """Report figures, one function per figure, each taking the report dict (pure data).
 
 Figures are built with :class:`matplotlib.figure.Figure` directly: no pyplot, no global
-backend switch, PNGs rendered by the Agg canvas. :func:`save_figure` writes PNG (embedded in
-the HTML) and PDF (for print) atomically, without timestamps.
+backend switch, PNGs rendered by the Agg canvas (the report stage saves them as PNG, embedded
+in the HTML, and PDF, for print).
 
 Epsilon axes are logarithmic; a non-private model (accountant epsilon infinite) is drawn at
 the right edge under a tick "no DP". A function returns None when it has nothing to draw.
@@ -11,17 +11,13 @@ Scores follow the toolkit's convention: higher means "member".
 
 from __future__ import annotations
 
-import contextlib
-import os
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 from matplotlib.figure import Figure
 
-__all__ = ["FIGURES", "compliance", "utility", "membership", "extraction", "secrets", "patient_secrets", "roc",
-           "save_figure"]
+__all__ = ["FIGURES", "compliance", "utility", "membership", "extraction", "secrets", "patient_secrets", "roc"]
 
 GUIDE_FPRS = (0.1, 0.01, 0.001)
 UNIT_MARKERS = {"example": "o", "user": "s"}
@@ -31,26 +27,6 @@ USER_NUDGE = 1.3
 def _label(text: Any) -> str:
     """A data-derived string safe for matplotlib text (no accidental mathtext)."""
     return str(text).replace("$", r"\$")
-
-
-def save_figure(fig: Figure, directory: str | Path, stem: str, *, dpi: int = 130) -> dict[str, str]:
-    """Write ``stem.png`` and ``stem.pdf`` atomically into ``directory``; return both paths."""
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    paths = {}
-    for fmt in ("png", "pdf"):
-        final = directory / f"{stem}.{fmt}"
-        tmp = directory / f".{stem}.{fmt}.{os.getpid()}.tmp"
-        metadata = {"CreationDate": None} if fmt == "pdf" else {"Software": None}
-        try:
-            fig.savefig(tmp, format=fmt, dpi=dpi, metadata=metadata)
-            os.replace(tmp, final)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            raise
-        paths[fmt] = str(final)
-    return paths
 
 
 # --------------------------------------------------------------------------- epsilon axis

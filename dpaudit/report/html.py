@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dpaudit.report.data import REPORT_FPRS, UNIT_LABEL
+from dpaudit.report.schema import REPORT_FPRS, UNIT_LABEL
 
 __all__ = ["SECTIONS", "Section", "render"]
 

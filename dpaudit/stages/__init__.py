@@ -20,10 +20,11 @@ from dpaudit.config import Config
 from dpaudit.errors import InputError
 from dpaudit.progress import log_file
 from dpaudit.rundir import RunDir
+from dpaudit.stages.artifacts import write_manifest
 
 log = logging.getLogger(__name__)
 
-__all__ = ["RunResult", "run", "attack_run"]
+__all__ = ["RunResult", "attack_run", "check_config", "run"]
 
 
 @dataclass
@@ -57,7 +58,7 @@ def open_run(config: Config, out: str | Path, *, force: bool = False, command: l
     if rundir.root.exists() and any(rundir.root.iterdir()):
         raise InputError(f"{rundir.root} exists and is not a dpaudit run directory (pass --force to replace it)")
     rundir.root.mkdir(parents=True, exist_ok=True)
-    rundir.write_manifest(seeds={"run": config.seed, **derive_seeds(config.seed)}, command=command)
+    write_manifest(rundir, seeds={"run": config.seed, **derive_seeds(config.seed)}, command=command)
     rundir.write_config(config)  # last: its presence makes the directory a run
     return rundir
 
@@ -72,19 +73,21 @@ def run(config: Config, *, out: str | Path, force: bool = False, until: str = "r
     """
     if until not in ("train", "attack", "report"):
         raise InputError(f"until must be train, attack or report, got {until!r}")
-    preflight(config)
+    check_config(config)
     fresh = force or not RunDir(out).exists()
     rundir = open_run(config, out, force=force, command=command)
     with log_file(rundir.log_path):
         return _run(rundir, config, until=until, fresh=fresh)
 
 
-def preflight(config: Config) -> None:
-    """Input errors that need no data, found before anything is written: every model's
-    trainer imports, and a trainer that claims DP gets exactly one of noise_multiplier and
-    target_epsilon."""
+def check_config(config: Config) -> None:
+    """Input errors that need no data, found before anything is written: the attack settings
+    (:func:`dpaudit.attacks.check_settings`), every model's trainer imports, and a trainer
+    that claims DP gets exactly one of noise_multiplier and target_epsilon."""
+    from dpaudit.attacks import check_settings
     from dpaudit.plugins import load_trainer
 
+    check_settings(attacks=config.attack.attacks, params=config.attack.params, audit_attack=config.audit.attack)
     for name in config.model_names():
         train = config.for_model(name).train
         trainer = load_trainer(train.trainer)
@@ -121,7 +124,7 @@ def _run(rundir: RunDir, config: Config, *, until: str, fresh: bool) -> RunResul
     result.failed.update(attack_run(rundir, config=config, data=data, extract=until == "report").failed)
     if until == "attack":
         return result
-    from dpaudit.report import build_report
+    from dpaudit.stages.report import build_report
 
     result.report = build_report(rundir)
     return result

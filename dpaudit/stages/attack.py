@@ -17,6 +17,8 @@ import numpy as np
 
 from dpaudit.errors import InputError
 from dpaudit.rundir import ModelDir, RunDir
+from dpaudit.stages.artifacts import read_dp_record, read_tokenizer
+from dpaudit.stages.signal_cache import cached_signals
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +114,6 @@ def reference_signals(rundir: RunDir, config, fleet, texts: list[str], tokenizer
     calibrating by it (Watson et al. 2022, arXiv 2111.08440) keeps the canary bounds sound.
     None of either: no reference."""
     from dpaudit.models import load_model
-    from dpaudit.signals import cached_signals
 
     kw = dict(batch_size=config.attack.batch_size, max_length=config.data.max_length, device=config.train.device)
     if fleet is None:
@@ -146,23 +147,24 @@ def start_model(rundir: RunDir, config, tokenizer) -> Path | str | None:
     return base if rows is not None and rows >= len(tokenizer) else None
 
 
-def claimed_family(record: dict[str, Any], config) -> dict[str, Any] | None:
+def claimed_family(record, config) -> dict[str, Any] | None:
     """The DP-SGD parameters whose trade-off curve the canaries are tested against, or None:
-    the record must be plain Poisson-sampled DP-SGD, each canary one protected unit (not r
-    copies at note level, which the per-unit curve does not cover) and in with probability 1/2."""
-    from dpaudit.accounting import dpsgd_parameters
-
-    group = config.canaries.repetitions > 1 and record.get("unit") == "example"
+    the record (a :class:`~dpaudit.accounting.DpRecord`) must be plain Poisson-sampled DP-SGD,
+    each canary one protected unit (not r copies at note level, which the per-unit curve does
+    not cover) and in with probability 1/2."""
+    if record is None:
+        return None
+    group = config.canaries.repetitions > 1 and record.unit == "example"
     if group or config.canaries.inclusion_prob != 0.5:
         return None
-    return dpsgd_parameters(record)
+    return record.dpsgd_parameters
 
 
 def run_delta(rundir: RunDir, names: Sequence[str]) -> float:
     """The delta of canary bounds for a model without one of its own (non-private): the
     smallest delta of the run's DP models, so every point of the report stands at one delta."""
-    deltas = [(rundir.model(n).read_dp_event() or {}).get("delta") for n in names if rundir.model(n).is_trained()]
-    return min((float(d) for d in deltas if d), default=DEFAULT_DELTA)
+    records = [read_dp_record(rundir.model(n)) for n in names if rundir.model(n).is_trained()]
+    return min((float(r.delta) for r in records if r is not None and r.delta), default=DEFAULT_DELTA)
 
 
 def attack_model(rundir: RunDir, config, md: ModelDir, *, texts: list[str], record_labels: np.ndarray,
@@ -172,19 +174,18 @@ def attack_model(rundir: RunDir, config, md: ModelDir, *, texts: list[str], reco
     ``tokenizer``: the run's, when the caller has it loaded already."""
     from dpaudit.attacks import AttackInputs, get_attack
     from dpaudit.models import load_model
-    from dpaudit.signals import cached_signals
 
     kw = dict(batch_size=config.attack.batch_size, max_length=config.data.max_length, device=config.train.device)
-    tokenizer = tokenizer or rundir.read_tokenizer()
+    tokenizer = tokenizer or read_tokenizer(rundir)
     target = cached_signals(md.root, "target", load_model(md.weights), tokenizer, texts,
                             model_id=model_id(md.weights), **kw)
     inputs = AttackInputs(target=target, texts=texts, references=tuple(references), reference_keep=keep)
     params = config.attack.params
     scores = run_attacks(inputs, names=attacks if attacks is not None else config.attack.attacks or None, params=params)
 
-    dp_event = md.read_dp_event() or {}
-    delta = float(dp_event.get("delta") or default_delta)
-    claimed = claimed_family(dp_event, config)
+    record = read_dp_record(md)
+    delta = float(record.delta if record is not None and record.delta else default_delta)
+    claimed = claimed_family(record, config)
     # the largest sound bound over the attacks (and both sound tests) holds at SIGNIFICANCE
     significance = SIGNIFICANCE / (len(scores) * (2 if claimed else 1))
     n = len(record_labels)

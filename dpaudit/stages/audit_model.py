@@ -16,6 +16,7 @@ import numpy as np
 
 from dpaudit.errors import InputError
 from dpaudit.rundir import ModelDir, RunDir, staged_directory
+from dpaudit.stages.artifacts import write_manifest
 from dpaudit.stages.attack import run_attacks, split_metrics
 
 
@@ -99,7 +100,7 @@ def audit_model(
     from dpaudit.attacks import AttackInputs, get_attack
     from dpaudit.data.tokenizer import load_tokenizer
     from dpaudit.models import check_tokenizer_fits, load_model
-    from dpaudit.signals import compute_signals
+    from dpaudit.signals.compute import compute_signals
 
     member_texts, nonmember_texts = read_texts(members), read_texts(nonmembers)
     texts = member_texts + nonmember_texts
@@ -146,5 +147,5 @@ def audit_model(
         "nonmembers": {"path": str(nonmembers), "count": len(nonmember_texts)},
         "max_length": max_length,
     })
-    rundir.write_manifest(seeds={})
+    write_manifest(rundir, seeds={})
     return summary

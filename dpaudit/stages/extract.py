@@ -50,6 +50,7 @@ this stage reads their inputs from the run directory and writes their result.
 from __future__ import annotations
 
 from dpaudit.rundir import ModelDir, RunDir
+from dpaudit.stages.artifacts import read_canaries, read_secrets, read_tokenizer
 
 #: The keys of each model in ``dpaudit extract --json`` (the whole file is in extraction.json).
 JSON_KEYS = ("space_bits", "secret_set", "exposure_method", "canaries", "by_repetitions", "pii", "k_extractable",
@@ -65,10 +66,10 @@ def extract_model(rundir: RunDir, config, md: ModelDir, *, force: bool = False, 
     from dpaudit.extraction import extraction_results
     from dpaudit.models import load_model
 
-    canaries = rundir.read_canaries()
-    secrets, secret_spec = rundir.read_secrets()
+    canaries = read_canaries(rundir)
+    secrets, secret_spec = read_secrets(rundir)
     candidates = rundir.read_candidates()
-    model, tokenizer = load_model(md.weights), tokenizer or rundir.read_tokenizer()
+    model, tokenizer = load_model(md.weights), tokenizer or read_tokenizer(rundir)
     md.write_extraction(extraction_results(model, tokenizer, canaries=canaries, secrets=secrets,
                                            secret_spec=secret_spec, candidates=candidates, config=config))
     return md.read_extraction()

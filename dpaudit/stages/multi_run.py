@@ -27,16 +27,14 @@ What each trial assumes:
   epsilon for a canary repeated r times at note level).
 
 Artifacts: the runs in ``RUN/multi_run/NAME/`` (a fleet directory, resumable, local or
-on Ray as ``fleet.executor`` says) and the result in ``models/NAME/multi_run.json|npz``
-(:meth:`dpaudit.rundir.ModelDir.write_multi_run`).
+on Ray as ``fleet.executor`` says; :func:`dpaudit.stages.fleet.train_fleet`) and the result in
+``models/NAME/multi_run.json|npz`` (:meth:`dpaudit.rundir.ModelDir.write_multi_run`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
-import math
 import time
 from typing import Any
 
@@ -44,7 +42,8 @@ import numpy as np
 
 from dpaudit.config import Config
 from dpaudit.errors import InputError
-from dpaudit.rundir import ModelDir, RunDir, read_json
+from dpaudit.rundir import RunDir, read_json
+from dpaudit.stages.artifacts import read_dp_record
 from dpaudit.stages.prepare import PreparedData
 
 log = logging.getLogger(__name__)
@@ -103,49 +102,27 @@ def multi_run_design(data: PreparedData, *, canary_id: str | None, num_runs: int
     return canary, rows, keep
 
 
-def _pinned_config(config: Config, record: dict[str, Any] | None) -> Config:
-    """The audited model's config with its realised noise multiplier, delta and steps pinned,
-    so every run is the audited mechanism (not one recalibrated to its own N)."""
-    if not record:
+def _pinned_config(config: Config, record) -> Config:
+    """The audited model's config with its realised noise multiplier, delta and steps pinned
+    (from its :class:`~dpaudit.accounting.DpRecord`), so every run is the audited mechanism
+    (not one recalibrated to its own N)."""
+    if record is None:
         return config
     train = config.train
-    if record.get("steps"):
-        train = dataclasses.replace(train, steps=int(record["steps"]))
-    if record.get("noise_multiplier"):
-        dp = dataclasses.replace(train.dp, noise_multiplier=float(record["noise_multiplier"]), target_epsilon=None,
-                                 delta=float(record["delta"]) if record.get("delta") else train.dp.delta)
+    if record.steps:
+        train = dataclasses.replace(train, steps=int(record.steps))
+    if record.noise_multiplier:
+        dp = dataclasses.replace(train.dp, noise_multiplier=float(record.noise_multiplier), target_epsilon=None,
+                                 delta=float(record.delta) if record.delta else train.dp.delta)
         train = dataclasses.replace(train, dp=dp)
     return dataclasses.replace(config, train=train)
-
-
-def _claim(records: list[dict[str, Any] | None], *, repetitions: int, delta: float) -> float | None:
-    """The largest accountant epsilon of the runs at ``delta`` (a group's for a canary of r
-    copies at note level); inf for non-private runs, None when a run recorded no event."""
-    from dpaudit.accounting import dpsgd_parameters, epsilon_from_record, group_epsilon
-
-    if any(r is None for r in records):
-        return None
-    seen, worst = set(), 0.0
-    for r in records:
-        key = json.dumps(r.get("event"), sort_keys=True)
-        if key in seen:
-            continue
-        seen.add(key)
-        eps = epsilon_from_record(r, delta=delta)
-        if math.isfinite(eps) and repetitions > 1 and r.get("unit") == "example":
-            params = dpsgd_parameters(r)
-            if params is None:
-                raise InputError("a canary repeated at note level is a group; its epsilon needs a plain DP-SGD event")
-            eps = group_epsilon(**params, delta=delta, group_size=repetitions)
-        worst = max(worst, eps)
-    return worst
 
 
 def _scores(model_dirs, tokenizer, text: str, config: Config) -> np.ndarray:
     """The ``audit.attack`` score of ``text`` under each model (higher = member)."""
     from dpaudit.attacks import AttackInputs, get_attack
     from dpaudit.models import load_model
-    from dpaudit.signals import compute_signals_many
+    from dpaudit.signals.compute import compute_signals_many
 
     attack = get_attack(config.audit.attack, **config.attack.params.get(config.audit.attack, {}))
     signals = compute_signals_many((load_model(d) for d in model_dirs), tokenizer, [text], batch_size=1,
@@ -160,9 +137,9 @@ def multi_run_model(rundir: RunDir, config: Config, name: str, data: PreparedDat
     non-private model's bounds. Returns the result as written."""
     import datasets
 
-    from dpaudit.audit import decide
+    from dpaudit.audit import Claim, assess
     from dpaudit.data.corpus import tokenize_dataset
-    from dpaudit.fleet import JOB_FILE, load_fleet, train_fleet
+    from dpaudit.stages.fleet import JOB_FILE, load_fleet, train_fleet
     from dpaudit.stages.train import effective_config, model_seed
 
     md = rundir.model(name)
@@ -173,7 +150,7 @@ def multi_run_model(rundir: RunDir, config: Config, name: str, data: PreparedDat
         raise InputError(f"model {name} is not trained: the multi-run audit copies its training")
     k = config.audit.num_runs
     canary, rows, keep = multi_run_design(data, canary_id=config.audit.canary, num_runs=k)
-    record = md.read_dp_event()
+    record = read_dp_record(md)
     cfg = _pinned_config(effective_config(rundir, config, name), record)
     cfg = dataclasses.replace(cfg, seed=model_seed(config.seed, f"multi_run/{name}"))  # runs of their own
     dataset = tokenize_dataset(datasets.Dataset.from_dict(rows), data.tokenizer, max_length=config.data.max_length)
@@ -188,17 +165,13 @@ def multi_run_model(rundir: RunDir, config: Config, name: str, data: PreparedDat
     scores = _scores(dirs, data.tokenizer, canary.text, cfg)
     included = stored_keep[:, -1]
 
-    run_records = [ModelDir(d).read_dp_event() for d in dirs]  # a fleet model's run files, as a model's
-    delta = float((record or {}).get("delta") or default_delta)
-    claimed = _claim(run_records, repetitions=canary.repetitions, delta=delta)
+    run_records = [read_dp_record(d) for d in dirs]  # a fleet model's run files, as a model's
+    delta = float(record.delta if record is not None and record.delta else default_delta)
+    claim = Claim.largest(run_records, delta=delta, group_size=canary.repetitions)
     stats = multi_run_bounds(in_scores=scores[included], out_scores=scores[~included], delta=delta)
     cp, gdp = stats["clopper_pearson"], stats["gdp"]
-    verdict = decide(bounds=[(config.audit.attack, cp)], claimed_epsilon=claimed, accountant_epsilon=None,
-                     ceiling=stats["ceiling"], learned=None)
-    if verdict.status == "inconclusive" and verdict.ceiling is not None:
-        verdict = dataclasses.replace(verdict, reason=(
-            f"Even a perfect attack could not show a violation: the ceiling of {k} runs per side is "
-            f"{verdict.ceiling:.3f} <= the claimed epsilon {verdict.claimed_epsilon:.3f}; add runs (audit.num_runs)."))
+    verdict = assess(bounds=[(config.audit.attack, cp)], claim=claim, learned=None, ceiling=stats["ceiling"],
+                     remedy=(f"the ceiling of {k} runs per side", "add runs (audit.num_runs)"))
     jobs = [read_json(d / JOB_FILE) for d in dirs]
     result = {
         "num_runs": k,
@@ -206,13 +179,13 @@ def multi_run_model(rundir: RunDir, config: Config, name: str, data: PreparedDat
         "canary_repetitions": canary.repetitions,
         "attack": config.audit.attack,
         "delta": delta,
-        "claimed_epsilon": claimed,
+        "claimed_epsilon": claim.claimed_epsilon,
         "auc": stats["auc"],
         "clopper_pearson": cp.to_dict(),
         "gdp": gdp.to_dict(),
         "ceiling": stats["ceiling"],
         "verdict": verdict.to_dict(),
-        "noise_multiplier": cfg.train.dp.noise_multiplier if record and record.get("noise_multiplier") else None,
+        "noise_multiplier": cfg.train.dp.noise_multiplier if record is not None and record.noise_multiplier else None,
         "steps": cfg.train.steps,
         "trainer": cfg.train.trainer,
         "executor": cfg.fleet.executor,
@@ -223,5 +196,5 @@ def multi_run_model(rundir: RunDir, config: Config, name: str, data: PreparedDat
     }
     md.write_multi_run(result, in_scores=scores[included], out_scores=scores[~included])
     log.info("multi-run audit of %s: Clopper-Pearson epsilon >= %.3f (ceiling %.3f, claim %s): %s", name, cp.epsilon,
-             stats["ceiling"], "none" if claimed is None else f"{claimed:.3f}", verdict.status)
+             stats["ceiling"], "none" if claim.claimed_epsilon is None else f"{claim.claimed_epsilon:.3f}", verdict.status)
     return md.read_multi_run()

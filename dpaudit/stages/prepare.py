@@ -18,14 +18,17 @@ import numpy as np
 from dpaudit.config import Config
 from dpaudit.errors import InputError
 from dpaudit.rundir import RunDir, staged_directory
+from dpaudit.seeds import derive_seed, generator
+from dpaudit.stages.artifacts import read_canaries, read_secrets, read_tokenizer, write_data
 
 SEED_NAMES = ("corpus", "split", "canaries", "insertion", "train", "public")
+# the secret canaries' inclusion: a branch of the canaries' seed of its own (zlib.crc32(b"secret-inclusion"))
+SECRET_INCLUSION_KEY = 0xB209D198
 
 
 def derive_seeds(seed: int) -> dict[str, int]:
-    """One run seed split into named child seeds with ``SeedSequence.spawn``."""
-    children = np.random.SeedSequence(seed).spawn(len(SEED_NAMES))
-    return {name: int(child.generate_state(1)[0]) for name, child in zip(SEED_NAMES, children)}
+    """One run seed split into named child seeds (``SeedSequence(seed).spawn``: child i)."""
+    return {name: derive_seed(seed, i) for i, name in enumerate(SEED_NAMES)}
 
 
 @dataclass
@@ -95,7 +98,7 @@ def prepare(rundir: RunDir, config: Config, seeds: dict[str, int]) -> None:
                   for role, rows in (("member", members), ("heldout", heldout)) for r in rows]
     public_rows = [{"text": r["text"], "unit_id": r["unit_id"]} for r in public] if public is not None else []
     with staged_directory(rundir.data_dir) as stage:
-        RunDir.write_data(stage, split=split, candidates=candidates, public=public_rows, canaries=canaries,
+        write_data(stage, split=split, candidates=candidates, public=public_rows, canaries=canaries,
                           spec=spec, tokenizer=tokenizer, secrets=secrets, secret_spec=secret_spec)
 
 
@@ -107,7 +110,6 @@ def make_secret_canaries(config: Config, *, seed: int, main_set: str) -> tuple[l
     attack or epsilon bound ever uses them: a canary repeated r times at note level is a group
     of r units."""
     import dataclasses
-    import zlib
 
     from dpaudit.canaries import load_canary_spec, make_canaries
 
@@ -123,7 +125,7 @@ def make_secret_canaries(config: Config, *, seed: int, main_set: str) -> tuple[l
                          f"use another set, so that canary ids stay distinct")
     reps = list(sec.repetitions)
     made = make_canaries(spec=spec, num_canaries=sec.num * len(reps), seed=seed)
-    rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(zlib.crc32(b"secret-inclusion"),)))
+    rng = generator(seed, SECRET_INCLUSION_KEY)
     inserted = np.concatenate([rng.permutation(sec.num) < (sec.num + 1) // 2 for _ in reps])
     secrets = [dataclasses.replace(c, repetitions=reps[i // sec.num], included=bool(inserted[i]))
                for i, c in enumerate(made)]
@@ -137,10 +139,10 @@ def load_prepared(rundir: RunDir, config: Config, seeds: dict[str, int]) -> Prep
     from dpaudit.canaries import insert_canaries
     from dpaudit.data.corpus import tokenize_dataset
 
-    tokenizer = rundir.read_tokenizer()
+    tokenizer = read_tokenizer(rundir)
     candidates = rundir.read_candidates()
-    canaries = rundir.read_canaries()
-    secrets = rundir.read_secrets()[0]
+    canaries = read_canaries(rundir)
+    secrets = read_secrets(rundir)[0]
 
     def rows(items):
         return datasets.Dataset.from_dict({"text": [r["text"] for r in items], "unit_id": [r["unit_id"] for r in items]})

@@ -4,29 +4,29 @@ canaries with its own ``train`` section (``models[i].train`` over ``train``).
 
 A model trains into a staging directory that is renamed to ``models/NAME/`` only when its
 weights are saved, so an interrupted run retrains exactly the models not in place.
+:func:`train_and_save` is the one trainer call (call, check, save) of the toolkit: the run's
+models, its base and the fleet's models all go through it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import logging
-
-import numpy as np
+from pathlib import Path
 
 from dpaudit.config import Config
 from dpaudit.errors import InputError
 from dpaudit.progress import label
 from dpaudit.rundir import ModelDir, RunDir, staged_directory
+from dpaudit.seeds import derive_seed, name_key
+from dpaudit.stages.artifacts import write_training
 from dpaudit.stages.prepare import PreparedData
 
 log = logging.getLogger(__name__)
 
-
 def model_seed(train_seed: int, name: str) -> int:
     """The training seed of model ``name``: one child of the run's train seed per name."""
-    key = int.from_bytes(hashlib.sha256(name.encode()).digest()[:4], "little")
-    return int(np.random.SeedSequence([train_seed, key]).generate_state(1)[0])
+    return derive_seed([train_seed, name_key(name)])
 
 
 def effective_config(rundir: RunDir, config: Config, name: str | None) -> Config:
@@ -38,40 +38,59 @@ def effective_config(rundir: RunDir, config: Config, name: str | None) -> Config
     return cfg
 
 
+def train_and_save(directory: Path, *, dataset, tokenizer, seed: int, config: Config, eval_dataset=None,
+                   weights: Path | None = None):
+    """Call ``config.train.trainer`` on ``dataset`` (with a :class:`~dpaudit.train.TrainingRecord`
+    to fill, and ``directory`` as its ``run_dir``), check that it returned a causal LM with
+    finite weights, and save its record into ``directory`` and the model and tokenizer into
+    ``weights`` (default: ``directory``). Returns the model."""
+    from dpaudit.models import save_model
+    from dpaudit.plugins import call_trainer, load_trainer
+    from dpaudit.train import TrainingRecord
+
+    spec = config.train.trainer
+    trainer = load_trainer(spec)
+    record = TrainingRecord(checkpoint=lambda step, model, tok: save_checkpoint(
+        model, tok, directory / "checkpoints" / f"step-{step}"))
+    model = call_trainer(trainer, dataset, tokenizer, seed=seed, config=config, record=record, run_dir=directory,
+                         eval_dataset=eval_dataset)
+    if not hasattr(model, "save_pretrained") or not hasattr(model, "forward"):
+        raise InputError(f"trainer {spec} returned {type(model).__name__}, not a causal LM")
+    broken = [n for n, p in model.named_parameters() if not bool(p.detach().isfinite().all())]
+    if broken:
+        raise InputError(f"trainer {spec} returned a model with NaN or infinite weights "
+                         f"({len(broken)} tensors, the first {broken[0]})")
+    write_training(directory, record)
+    save_model(model, tokenizer, weights if weights is not None else directory)
+    return model
+
+
+def save_checkpoint(model, tokenizer, directory: Path) -> None:
+    """``save_pretrained`` of the model (adapters only with LoRA) and of the tokenizer."""
+    with staged_directory(directory) as stage:
+        model.save_pretrained(stage, safe_serialization=True)
+        tokenizer.save_pretrained(stage)
+
+
 def train_base(rundir: RunDir, config: Config, data: PreparedData, *, seed: int) -> None:
     """``base/``: a non-private model trained on the public records only."""
     if not config.trains_base() or rundir.base_complete():
         return
-    from dpaudit.models import save_model
-    from dpaudit.train import nonprivate
-
     if data.public_set is None:
         raise InputError("pretrain.enabled but the run has no public records (data.public_fraction)")
     cfg = dataclasses.replace(config, train=config.pretrain_train())
     with label("base"), staged_directory(rundir.base_dir) as stage:
-        model = nonprivate(data.public_set, data.tokenizer, seed=model_seed(seed, "base"), config=cfg, run_dir=stage,
-                           eval_dataset=data.eval_set)
-        save_model(model, data.tokenizer, stage)
+        train_and_save(stage, dataset=data.public_set, tokenizer=data.tokenizer, seed=model_seed(seed, "base"),
+                       config=cfg, eval_dataset=data.eval_set)
 
 
 def train_model(rundir: RunDir, config: Config, name: str, data: PreparedData, *, seed: int) -> ModelDir:
     """``models/NAME/``: model ``name`` trained on the members plus the included canaries."""
-    from dpaudit.models import save_model
-    from dpaudit.plugins import call_trainer, load_trainer
-
     md = rundir.model(name)
     if md.is_trained():
         return md
     cfg = effective_config(rundir, config, name)
-    trainer = load_trainer(cfg.train.trainer)
     with label(name), staged_directory(md.root) as stage:
-        model = call_trainer(trainer, data.train_set, data.tokenizer, seed=model_seed(seed, name), config=cfg,
-                             run_dir=stage, eval_dataset=data.eval_set)
-        if not hasattr(model, "save_pretrained") or not hasattr(model, "forward"):
-            raise InputError(f"trainer {cfg.train.trainer} returned {type(model).__name__}, not a causal LM")
-        broken = [n for n, p in model.named_parameters() if not bool(p.detach().isfinite().all())]
-        if broken:
-            raise InputError(f"trainer {cfg.train.trainer} returned a model with NaN or infinite weights "
-                             f"({len(broken)} tensors, the first {broken[0]})")
-        save_model(model, data.tokenizer, stage / "model")
+        train_and_save(stage, dataset=data.train_set, tokenizer=data.tokenizer, seed=model_seed(seed, name),
+                       config=cfg, eval_dataset=data.eval_set, weights=stage / "model")
     return md

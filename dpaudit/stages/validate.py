@@ -11,7 +11,7 @@ one's own (``docs/ceilings.md``). The sound one-run bounds (Steinke et al. 2023,
 at delta and, when the trainer records a plain DP-SGD event (q, T), so is the test against
 that family's trade-off curve (Mahloujifar et al. 2024, arXiv 2410.22235: the epsilon of the
 least noisy member it rejects), all corrected over the attacks, and compared with the claim by
-:func:`dpaudit.audit.decide`. The trainer's own sampler checks (``train_checks.json``), when
+:func:`dpaudit.audit.assess`. The trainer's own sampler checks (``train_checks.json``), when
 it writes them, are part of the verdict.
 
 ``consistent`` is not a proof of privacy: the output shows the bound beside the method's
@@ -33,6 +33,8 @@ import numpy as np
 from dpaudit.config import Config, load_config
 from dpaudit.errors import InputError
 from dpaudit.rundir import RunDir
+from dpaudit.stages.artifacts import read_dp_record, read_tokenizer
+from dpaudit.stages.signal_cache import load_signals
 
 MODEL = "validate"
 SIGNIFICANCE = 0.05
@@ -93,7 +95,7 @@ def full_batch_size(config: Config) -> int:
     import tempfile
 
     from dpaudit.stages.prepare import derive_seeds, load_prepared, prepare
-    from dpaudit.train.loop import group_units
+    from dpaudit.train.units import group_units
 
     with tempfile.TemporaryDirectory(prefix="dpaudit-count-") as scratch:
         rundir, seeds = RunDir(Path(scratch) / "run"), derive_seeds(config.seed)
@@ -134,9 +136,9 @@ def validate(*, trainer: str, epsilon: float, delta: float, canaries: int | None
 
 
 def verdict_of(rundir: RunDir, *, epsilon: float, delta: float) -> dict[str, Any]:
-    """The verdict on the claim (``epsilon``, ``delta``) from the saved canary scores."""
-    from dpaudit.audit import (CanaryScores, claimed_curve_bound, claimed_curve_ceiling, decide, learned,
-                               one_run_ceiling)
+    """The verdict on the claim (``epsilon``, ``delta``) from the saved canary scores
+    (:func:`dpaudit.audit.assess`, with the trainer's DP record and sampler checks)."""
+    from dpaudit.audit import CanaryScores, Claim, assess, claimed_curve_bound, learned
     from dpaudit.stages.attack import claimed_family
 
     md = rundir.model(MODEL)
@@ -144,7 +146,8 @@ def verdict_of(rundir: RunDir, *, epsilon: float, delta: float) -> dict[str, Any
     # the trainer's DP-SGD family (q, T), when its record is plain DP-SGD: the guesses are also
     # tested against the family's curve at the claimed epsilon
     config = rundir.read_config()
-    family = claimed_family(md.read_dp_event() or {}, config)
+    record = read_dp_record(md)
+    family = claimed_family(record, config)
     significance = SIGNIFICANCE / (len(results) * (2 if family else 1))  # the best test holds at SIGNIFICANCE
     bounds = []
     for name, r in results.items():
@@ -153,44 +156,15 @@ def verdict_of(rundir: RunDir, *, epsilon: float, delta: float) -> dict[str, Any
         bounds.append((name, cs.bound("one_run", delta=delta, significance=significance)))
         if family:
             bounds.append((name, claimed_curve_bound(cs, **family, delta=delta, significance=significance)))
-    m = int(len(next(iter(results.values()))["arrays"]["canaries"][0]))
-    ceiling = one_run_ceiling(method="one_run", num_canaries=m, delta=delta, significance=significance)
-    if family:
-        ceiling = max(ceiling, claimed_curve_ceiling(num_canaries=m, **family, delta=delta, significance=significance))
     initial, final = fit_losses(rundir, md)
-    verdict = decide(bounds=bounds, claimed_epsilon=epsilon, accountant_epsilon=None, ceiling=ceiling,
-                     learned=learned(initial_loss=initial, final_loss=final, trainable=config.model.trainable))
     checks = md.read_train_checks()
-    mismatch = accounting_mismatch(md.read_dp_event(), checks)
-    if mismatch and verdict.status != "violated":
-        verdict = dataclasses.replace(verdict, status="violated", reason=(
-            f"the trainer's accounting is not of the training it ran: {mismatch}"))
-    if checks is not None and not checks.get("ok", True) and verdict.status != "violated":
-        failed = [k for k in ("batch_size",) if (checks.get(k) or {}).get("consistent") is False]
-        reason = ("the trainer's own checks failed (" + (", ".join(failed) or "see train_checks.json") +
-                  "): its sampling or its updates are not what its accounting assumes")
-        verdict = dataclasses.replace(verdict, status="violated", reason=reason)
+    verdict = assess(bounds=bounds, claim=Claim.stated(epsilon=epsilon, delta=delta, family=family),
+                     learned=learned(initial_loss=initial, final_loss=final, trainable=config.model.trainable),
+                     checks=checks, record=record)
     out = {k: v for k, v in verdict.to_dict().items() if k in JSON_KEYS}
-    return {"verdict": verdict.status, **out, "claimed_epsilon": epsilon, "delta": delta, "exit_code": verdict.exit_code,
-            "run_dir": str(rundir.root), "checks": checks, "initial_loss": initial, "final_loss": final}
-
-
-def accounting_mismatch(record: dict[str, Any] | None, checks: dict[str, Any] | None) -> str | None:
-    """How the DP event a trainer recorded differs from the sampling its own checks saw (the
-    number of steps, or the expected batch q N), or None when they agree or either is missing.
-    Accounting each gradient-accumulation micro-step as a step (rate q / k over k T steps) is
-    caught here: the sampler ran T steps of expected size q N."""
-    batch = (checks or {}).get("batch_size") or {}
-    try:
-        steps, q, n = int(record["steps"]), float(record["sample_rate"]), int(record["num_units"])
-        ran_steps, ran_mean = int(batch["steps"]), float(batch["expected_mean"])
-    except (KeyError, TypeError, ValueError):
-        return None
-    if steps != ran_steps:
-        return f"it accounts {steps} steps, and its sampler ran {ran_steps}"
-    if abs(q * n - ran_mean) > 1e-6 * max(1.0, ran_mean):
-        return f"it accounts a sampling rate {q:.6g} (expected batch {q * n:.4g}), its sampler's expected batch was {ran_mean:.4g}"
-    return None
+    return {"verdict": verdict.status.value, **out, "claimed_epsilon": epsilon, "delta": delta,
+            "exit_code": verdict.exit_code, "run_dir": str(rundir.root), "checks": checks, "initial_loss": initial,
+            "final_loss": final}
 
 
 def fit_losses(rundir: RunDir, md) -> tuple[float | None, float | None]:
@@ -198,18 +172,18 @@ def fit_losses(rundir: RunDir, md) -> tuple[float | None, float | None]:
     training rows from the trainer's step-0 and last evaluations when it logged them; else
     (a plug-in without a log) the held-out records' loss against a uniform guess over the
     vocabulary, which is what an untrained model scores."""
-    initial, final = md.read_train_fit()
+    from dpaudit.audit import fit_from_log
+
+    initial, final = fit_from_log(md.read_train_log())
     if initial is not None:
         return initial, final
-    from dpaudit.signals import TokenSignals
-
     path = md.signals_dir / "target.npz"  # written by the attack stage
     if not path.is_file():
         return None, None
-    signals = TokenSignals.load(path)
+    signals = load_signals(path)
     logprob, mask = signals.logprob, signals.mask.astype(bool)
     roles = [c["role"] for c in rundir.read_candidates()]
     held = np.array([r == "heldout" for r in roles] + [False] * (len(logprob) - len(roles)))
     tokens = mask[held]
     final = float(-(logprob[held][tokens]).mean()) if tokens.any() else None
-    return math.log(len(rundir.read_tokenizer())), final
+    return math.log(len(read_tokenizer(rundir))), final

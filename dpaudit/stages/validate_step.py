@@ -51,9 +51,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from dpaudit.audit.verdict import Status
 from dpaudit.errors import InputError
 from dpaudit.jsonable import jsonable
 from dpaudit.rundir import RunDir, write_json_atomic, write_npz_atomic
+from dpaudit.seeds import derive_seed, seed_sequence
+from dpaudit.stages.artifacts import read_dp_record
 
 SIGNIFICANCE = 0.05
 DEFAULT_REPETITIONS = 200
@@ -139,7 +142,7 @@ def _build(seed: int, rows: int, max_grad_norm: float):
     """The model, D, D + canary and the canary gradient, its norm at least NORM_FACTOR x C."""
     from dpaudit.models import build_model
 
-    model_seed, data_seed = (int(s.generate_state(1, np.uint32)[0]) for s in np.random.SeedSequence(seed).spawn(2))
+    model_seed, data_seed = derive_seed(seed, 0), derive_seed(seed, 1)
     model = build_model(size="tiny", vocab_size=VOCAB_SIZE, bos_token_id=0, eos_token_id=0, seed=model_seed)
     model.train()
     batch, batch_with = _batches(np.random.default_rng(data_seed), rows)
@@ -229,7 +232,7 @@ def validate_step(*, step: str | Callable[..., None], noise_multiplier: float, m
     names = list(grads)
     directions, labels = _directions(grads)
     theta0 = _flat(model0, names)
-    noise_seeds = [int(s.generate_state(1, np.uint64)[0] >> 1) for s in np.random.SeedSequence([seed, 1]).spawn(2 * r)]
+    noise_seeds = [int(seed_sequence([seed, 1], i).generate_state(1, np.uint64)[0] >> 1) for i in range(2 * r)]
     projections = {"in": np.empty((r, len(labels))), "out": np.empty((r, len(labels)))}
     moved, bar = False, Progress(total=2 * r, desc="step audit", unit="run")
     try:
@@ -283,7 +286,7 @@ def validate_step(*, step: str | Callable[..., None], noise_multiplier: float, m
     result = {
         "verdict": verdict,
         "reason": reason,
-        "exit_code": {"violated": 1, "inconclusive": 3, "consistent": 0}[verdict],
+        "exit_code": int(Status(verdict).exit_code),
         "step": name,
         "epsilon_lower_bound": eps_lb,
         "claimed_epsilon": claimed_eps,
@@ -330,8 +333,6 @@ def validate_step(*, step: str | Callable[..., None], noise_multiplier: float, m
 def _run_parameters(*, sample_rate, steps, out, model) -> dict | None:
     """(q, T) from the arguments, else from the DP event of ``model`` (or of the only DP-SGD
     model) of the run directory ``out``; None when neither gives them."""
-    from dpaudit import accounting
-
     if (sample_rate is None) != (steps is None):
         raise InputError("--sample-rate and --steps go together (the run's Poisson rate q and number of steps T)")
     if sample_rate is not None:
@@ -346,10 +347,10 @@ def _run_parameters(*, sample_rate, steps, out, model) -> dict | None:
     rundir = RunDir(out)
     found = {}
     for n in rundir.model_names():
-        record = rundir.model(n).read_dp_event()
-        params = accounting.dpsgd_parameters(record)
+        record = read_dp_record(rundir.model(n))
+        params = record.dpsgd_parameters if record is not None else None
         if params is not None:
-            found[n] = {**params, "accountant": record.get("accountant")}
+            found[n] = {**params, "accountant": record.accountant}
     if model is not None:
         if model not in found:
             raise InputError(f"model {model!r} of {out} has no DP-SGD event (dp_event.json)")

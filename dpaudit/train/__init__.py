@@ -15,11 +15,13 @@ Trainer plug-in contract: ``train(dataset, tokenizer, *, seed) -> PreTrainedMode
 (``step(model, batch, *, generator)``, :mod:`dpaudit.train.step`), the unit that
 ``dpaudit validate --step`` audits.
 
-The toolkit's own trainers also accept the keyword-only ``config``, ``run_dir`` and
-``eval_dataset``; see :mod:`dpaudit.train.loop` for what lands in the run directory.
+The toolkit's own trainers also accept the keyword-only ``config``, ``record`` (a
+:class:`~dpaudit.train.record.TrainingRecord` they fill: log, DP record, checks) and
+``eval_dataset``; see :mod:`dpaudit.train.loop`.
 """
 
 from dpaudit.train.loop import dpsgd, nonprivate
+from dpaudit.train.record import TrainingRecord
 from dpaudit.train.step import dpsgd_step
 
-__all__ = ["dpsgd", "dpsgd_step", "nonprivate"]
+__all__ = ["TrainingRecord", "dpsgd", "dpsgd_step", "nonprivate"]

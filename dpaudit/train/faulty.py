@@ -55,24 +55,17 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import json
-from pathlib import Path
 
 import torch
 
 from dpaudit import accounting
 from dpaudit.config import Config
 from dpaudit.errors import InputError
-from dpaudit.rundir import DP_EVENT, write_json_atomic
 from dpaudit.train.engine import CLIP_EPS, DPSGDEngine, StepStats
-from dpaudit.train.loop import (
-    TrainerSpec,
-    default_config,
-    group_units,
-    num_steps,
-    run_training,
-    sample_rate,
-)
+from dpaudit.train.loop import TrainerSpec, default_config, run_training
+from dpaudit.train.plan import num_steps, sample_rate
+from dpaudit.train.record import TrainingRecord
+from dpaudit.train.units import group_units
 from dpaudit.train.step import make_step
 
 MICROSTEPS = 4  # k: gradient-accumulation micro-steps per logical step, for the micro-step variants
@@ -283,12 +276,12 @@ DESCRIPTIONS = {
 }
 
 
-def _run(dataset, tokenizer, *, seed, spec, config, run_dir, eval_dataset):
-    return run_training(dataset, tokenizer, seed=seed, spec=spec, config=config, run_dir=run_dir,
+def _run(dataset, tokenizer, *, seed, spec, config, record, eval_dataset):
+    return run_training(dataset, tokenizer, seed=seed, spec=spec, config=config, record=record,
                         eval_dataset=eval_dataset)
 
 
-def _microstep_accounting(dataset, tokenizer, *, seed, spec, config, run_dir, eval_dataset):
+def _microstep_accounting(dataset, tokenizer, *, seed, spec, config, record, eval_dataset):
     """Train with the correct engine and Poisson rate q; record the accounting of k = MICROSTEPS
     micro-steps per step at rate q / k (sigma calibrated that way from a target epsilon)."""
     k = MICROSTEPS
@@ -296,7 +289,7 @@ def _microstep_accounting(dataset, tokenizer, *, seed, spec, config, run_dir, ev
     dp = config.train.dp if isinstance(config, Config) else None
     if dp is None or (dp.noise_multiplier is None) == (dp.target_epsilon is None):
         # let the real loop reject the config with its own message
-        return run_training(dataset, tokenizer, seed=seed, spec=spec, config=config, run_dir=run_dir,
+        return run_training(dataset, tokenizer, seed=seed, spec=spec, config=config, record=record,
                             eval_dataset=eval_dataset)
     num_units = len(group_units(dataset, dp.unit))
     steps = num_steps(config.train, num_units)
@@ -308,30 +301,27 @@ def _microstep_accounting(dataset, tokenizer, *, seed, spec, config, run_dir, ev
                                             delta=delta, method=dp.accountant)
         dp_run = dataclasses.replace(dp, noise_multiplier=float(sigma), target_epsilon=None)
         config = dataclasses.replace(config, train=dataclasses.replace(config.train, dp=dp_run))
-    model = run_training(dataset, tokenizer, seed=seed, spec=spec, config=config, run_dir=run_dir,
+    model = run_training(dataset, tokenizer, seed=seed, spec=spec, config=config, record=record,
                          eval_dataset=eval_dataset)
-    if run_dir is not None:
-        path = Path(run_dir) / DP_EVENT
-        record = json.loads(path.read_text())
+    if record is not None:
         event = accounting.make_event(noise_multiplier=float(sigma), sample_rate=q / k, steps=k * steps)
-        record.update(
-            event=accounting.event_to_dict(event),
-            epsilon=accounting.epsilon_from_event(event, delta=delta, method=dp.accountant),
+        record.dp = record.dp.replace(
+            event=event,
+            logged_epsilon=accounting.epsilon_from_event(event, delta=delta, method=dp.accountant),
             sample_rate=q / k,
             steps=k * steps,
             target_epsilon=dp.target_epsilon,
         )
-        write_json_atomic(path, record)
     return model
 
 
 def _trainer(key: str):
     spec = SPECS[key]
 
-    def train(dataset, tokenizer, *, seed: int, config: Config | None = None, run_dir: str | Path | None = None,
+    def train(dataset, tokenizer, *, seed: int, config: Config | None = None, record: TrainingRecord | None = None,
               eval_dataset=None):
         run = _microstep_accounting if key == "microstep_accounting" else _run
-        return run(dataset, tokenizer, seed=seed, spec=spec, config=config, run_dir=run_dir,
+        return run(dataset, tokenizer, seed=seed, spec=spec, config=config, record=record,
                    eval_dataset=eval_dataset)
 
     train.__name__ = train.__qualname__ = key

@@ -1,6 +1,6 @@
 """Opacus adapter: ``dpaudit.train.opacus:dpsgd``, an optional extra (``pip install dpaudit[opacus]``).
 
-The same loop, sampler, accounting and run directory as ``dpaudit.train:dpsgd``; only the
+The same loop, sampler, accounting and record as ``dpaudit.train:dpsgd``; only the
 private gradient comes from Opacus (Yousefpour et al., "Opacus: User-Friendly
 Differential Privacy Library in PyTorch", 2021): its ``GradSampleModule`` hooks compute
 per-sample gradients and its ``DPOptimizer`` clips them, sums them and adds
@@ -19,14 +19,13 @@ Only ``train.dp.unit: example`` is supported (Opacus has no per-user clipping).
 from __future__ import annotations
 
 import warnings
-from pathlib import Path
-
 import torch
 
 from dpaudit.config import Config
 from dpaudit.errors import InputError
 from dpaudit.train.engine import GradientEngine, StepStats, collate, example_losses, forward_logits
 from dpaudit.train.loop import TrainerSpec, run_training
+from dpaudit.train.record import TrainingRecord
 from dpaudit.train.step import batch_units
 
 
@@ -102,12 +101,12 @@ class OpacusEngine(GradientEngine):
 OPACUS = TrainerSpec("dpaudit.train.opacus:dpsgd", private=True, engine=OpacusEngine, units=("example",))
 
 
-def dpsgd(dataset, tokenizer, *, seed: int, config: Config | None = None, run_dir: str | Path | None = None,
+def dpsgd(dataset, tokenizer, *, seed: int, config: Config | None = None, record: TrainingRecord | None = None,
           eval_dataset=None):
     """DP-SGD through Opacus, in dpaudit's loop (Poisson sampling, accounting, run
     directory). ``config=None`` uses the ``tiny`` preset with noise multiplier 1.0."""
     _import_opacus()
-    return run_training(dataset, tokenizer, seed=seed, spec=OPACUS, config=config, run_dir=run_dir,
+    return run_training(dataset, tokenizer, seed=seed, spec=OPACUS, config=config, record=record,
                         eval_dataset=eval_dataset)
 
 

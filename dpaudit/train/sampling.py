@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from dpaudit.errors import InputError
+from dpaudit.seeds import seed_sequence
 
 
 @dataclass(frozen=True)
@@ -39,7 +40,7 @@ class RunSeeds:
     def from_seed(cls, seed: int) -> "RunSeeds":
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
             raise InputError(f"seed must be a non-negative integer, got {seed!r}")
-        model, sampler, noise, other = np.random.SeedSequence(int(seed)).spawn(4)
+        model, sampler, noise, other = (seed_sequence(int(seed), i) for i in range(4))
         return cls(
             seed=int(seed),
             model=int(model.generate_state(1, np.uint32)[0]),

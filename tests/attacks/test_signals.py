@@ -7,13 +7,8 @@ import pytest
 import torch
 
 from dpaudit.errors import InputError
-from dpaudit.signals import (
-    TokenSignals,
-    cached_signals,
-    compute_signals,
-    compute_signals_many,
-    signals_fingerprint,
-)
+from dpaudit.signals import TokenSignals, compute_signals, compute_signals_many
+from dpaudit.stages.signal_cache import cached_signals, load_signals, save_signals, signals_fingerprint
 
 
 MAX_POS = 64
@@ -191,10 +186,10 @@ def make_signals(rng, n=5, width=7, stats=True):
 @pytest.mark.parametrize("stats", [True, False])
 def test_save_load_round_trip(tmp_path, stats):
     sig = make_signals(np.random.default_rng(0), stats=stats)
-    path = sig.save(tmp_path / "x.npz")
+    path = save_signals(tmp_path / "x.npz", sig)
     assert path == tmp_path / "x.npz" and path.is_file()
     assert [p.name for p in tmp_path.iterdir()] == ["x.npz"]  # no temp file left
-    back = TokenSignals.load(path)
+    back = load_signals(path)
     for f in ("logprob", "mask", "mean", "std"):
         a, b = getattr(sig, f), getattr(back, f)
         if a is None:
@@ -208,13 +203,13 @@ def test_save_load_round_trip(tmp_path, stats):
 
 def test_load_errors(tmp_path):
     with pytest.raises(InputError):
-        TokenSignals.load(tmp_path / "missing.npz")
+        load_signals(tmp_path / "missing.npz")
     (tmp_path / "junk.npz").write_bytes(b"not a zip")
     with pytest.raises(InputError):
-        TokenSignals.load(tmp_path / "junk.npz")
+        load_signals(tmp_path / "junk.npz")
     np.savez(tmp_path / "other.npz", a=np.zeros(3))
     with pytest.raises(InputError, match="logprob"):
-        TokenSignals.load(tmp_path / "other.npz")
+        load_signals(tmp_path / "other.npz")
 
 
 def test_token_signals_validation_and_read_only():
@@ -288,7 +283,7 @@ def test_cached_signals_hit_miss_and_atomic_write(tmp_path, model, tokenizer):
         path.write_bytes(b"corrupt")  # unreadable cache = miss
         cached_signals(tmp_path, "target", model, tokenizer, TEXTS, **kw2)
         assert counter.calls > calls
-        assert TokenSignals.load(path).n == len(TEXTS)
+        assert load_signals(path).n == len(TEXTS)
     finally:
         counter.handle.remove()
 
@@ -313,7 +308,7 @@ def test_fingerprint_separates_inputs():
 def test_batch_stats_numerics_against_float64(kind):
     """Two texts of 64 and 40 tokens, 5,000-way logits: several cache-sized slices, rows
     beyond a text's length skipped and zeroed, against float64 log-softmax."""
-    from dpaudit.signals import _batch_stats
+    from dpaudit.signals.compute import _batch_stats
 
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(2, 64, 5000, generator=gen)

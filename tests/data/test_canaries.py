@@ -199,8 +199,10 @@ def test_insert_canaries():
 
 
 def test_save_load_canaries(tmp_path):
+    from dpaudit.stages.artifacts import load_canaries, save_canaries
+
     cs = C.make_canaries(spec="new_token", num_canaries=8, seed=2, repetitions=2)
-    path = C.save_canaries(cs, tmp_path / "canaries.json", spec="new_token")
-    loaded, spec = C.load_canaries(path)
+    path = save_canaries(cs, tmp_path / "canaries.json", spec="new_token")
+    loaded, spec = load_canaries(path)
     assert loaded == cs and spec["kind"] == "new_token"
     assert int(__import__("json").loads(path.read_text())["secret_space_size"]) == C.secret_space_size(spec)

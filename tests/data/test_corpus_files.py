@@ -9,8 +9,6 @@ import pytest
 from dpaudit.data.corpus import (
     apply_split,
     load_corpus,
-    load_split,
-    save_split,
     split_by_unit,
     tokenize_dataset,
 )
@@ -135,6 +133,8 @@ def test_split_by_unit_keeps_units_together_and_is_seeded():
 def test_split_save_load_apply(tmp_path):
     ds = load_corpus(source="clinical", num_patients=12, seed=0)
     members, held, split = split_by_unit(ds, seed=1)
+    from dpaudit.stages.artifacts import load_split, save_split
+
     path = save_split(split, tmp_path / "run" / "split.json")
     loaded = load_split(path)
     m2, h2 = apply_split(ds, loaded)

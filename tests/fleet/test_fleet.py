@@ -19,7 +19,8 @@ import fleet_plugin  # noqa: E402
 
 from dpaudit.config import load_config  # noqa: E402
 from dpaudit.errors import InputError  # noqa: E402
-from dpaudit.fleet import inclusion_matrix, load_fleet, model_seed, train_fleet  # noqa: E402
+from dpaudit.fleet import inclusion_matrix, model_seed  # noqa: E402
+from dpaudit.stages.fleet import load_fleet, train_fleet  # noqa: E402
 
 
 def plugin_config(**overrides):
@@ -296,7 +297,7 @@ def test_ray_workers_get_the_plugin_directory():
     from dpaudit.fleet import _trainer_import_roots
 
     assert _trainer_import_roots("fleet_plugin:train") == [str(HERE)]
-    assert _trainer_import_roots("dpaudit.fleet:run_job") == [str(Path(__file__).resolve().parents[2])]
+    assert _trainer_import_roots("dpaudit.stages.fleet:run_job") == [str(Path(__file__).resolve().parents[2])]
     assert _trainer_import_roots("json:dumps") == []  # the standard library: workers have it
 
 
@@ -322,7 +323,7 @@ def tiny_preset_inputs(config):
 
 
 def test_tiny_preset_candidates_digest(tmp_path):
-    from dpaudit.fleet import _dataset_digest
+    from dpaudit.stages.fleet import _dataset_digest
 
     candidates, _ = tiny_preset_inputs(load_config("tiny"))
     assert len(candidates) > 40 and set(candidates.column_names) >= {"text", "input_ids", "attention_mask", "unit_id"}

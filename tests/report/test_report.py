@@ -18,6 +18,8 @@ import pytest
 from dpaudit.accounting import event_to_dict, make_event
 from dpaudit.errors import InputError
 from dpaudit.report import SCHEMA_VERSION, build_report
+from dpaudit.stages.artifacts import write_manifest
+from dpaudit.stages.report import read_snapshot
 from dpaudit.report.data import DP_KEYS, MODEL_KEYS
 from dpaudit.rundir import RunDir, write_json_atomic, write_jsonl_atomic
 
@@ -93,7 +95,7 @@ def make_run(root, *overrides):
                                             *overrides])
     run.root.mkdir(parents=True)
     run.write_config(config)
-    run.write_manifest(seeds={"run": 0})
+    write_manifest(run, seeds={"run": 0})
     canaries = _canary_file(run)
     rng = np.random.default_rng(0)
     for name, private, unit, bounds in (("nonprivate", False, "example", (2.5, 1.0)),
@@ -127,7 +129,7 @@ def make_audit_model(root):
                "balanced_accuracy": 0.6, "num_in": 50, "num_out": 50}
     run.model("released").write_results("loss", params={}, splits={"members": (s, y, metrics)})
     run.write_audit_inputs({"model": "/models/released", "members": {"count": 50}, "nonmembers": {"count": 50}})
-    run.write_manifest(seeds={})
+    write_manifest(run, seeds={})
     return run
 
 
@@ -314,7 +316,7 @@ def test_unlearned_model_is_inconclusive(tmp_path):
 
     run = make_run(tmp_path)
     _train_log(run.model("dp4"), learned=False)
-    m = _model(assemble(run).report, "dp4")
+    m = _model(assemble(read_snapshot(run)).report, "dp4")
     assert m["utility"]["learned"] is False
     assert m["verdict"]["status"] == "inconclusive"
 
@@ -326,7 +328,7 @@ def test_learned_is_unknown_when_only_the_embedding_trains(tmp_path):
 
     run = make_run(tmp_path, "model.trainable=input_embeddings")
     _train_log(run.model("dp4"), learned=False)
-    m = _model(assemble(run).report, "dp4")
+    m = _model(assemble(read_snapshot(run)).report, "dp4")
     assert m["utility"]["learned"] is None
     assert not any("step-0" in w for w in m["warnings"])
 
@@ -338,7 +340,7 @@ def test_violation_is_reported(tmp_path):
     md = run.model("dp4")
     shutil.rmtree(md.results_dir)
     _write_results(md, np.random.default_rng(3), shift=3.0, bound_eps=(50.0, 0.1))
-    m = _model(assemble(run).report, "dp4")
+    m = _model(assemble(read_snapshot(run)).report, "dp4")
     assert m["verdict"]["status"] == "violated"
     assert m["audit"]["epsilon_lower_bound"] == 50.0
 
@@ -361,7 +363,7 @@ def test_repeated_canaries_at_note_level_are_held_to_the_group_epsilon(tmp_path,
     md = run.model("dp4")
     shutil.rmtree(md.results_dir)
     _write_results(md, np.random.default_rng(3), shift=3.0, bound_eps=((per_note + group) / 2, 0.1))
-    m = _model(assemble(run).report, "dp4")
+    m = _model(assemble(read_snapshot(run)).report, "dp4")
     assert (m["verdict"]["status"] == "violated") == (repetitions == 1)
     if repetitions == 4:
         assert m["dp"]["group_epsilon"] == pytest.approx(group)

@@ -31,7 +31,8 @@ def make_run(root, candidates, *, train_steps=0):
     """A run directory with just what the extract stage reads: candidates, canaries, the
     tokenizer and one model (a tiny GPT-2, trained ``train_steps`` steps on the members'
     note headers so that it learns some of their MRNs)."""
-    from dpaudit.canaries import make_canaries, save_canaries
+    from dpaudit.canaries import make_canaries
+    from dpaudit.stages.artifacts import save_canaries
     from dpaudit.data.tokenizer import train_tokenizer
     from dpaudit.models import build_model
     from dpaudit.rundir import write_jsonl_atomic

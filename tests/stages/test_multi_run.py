@@ -20,6 +20,7 @@ from dpaudit.audit import ceiling_table, epsilon_clopper_pearson, gdp_epsilon
 from dpaudit.audit.strategy import DEFAULT_FPR_GRID, fpr_level_count
 from dpaudit.config import load_config
 from dpaudit.errors import InputError
+from dpaudit.stages.artifacts import read_canaries, read_dp_record, read_tokenizer
 from dpaudit.stages.multi_run import multi_run_bounds, multi_run_design
 
 DP_MODEL = "models=[{name: dp, train: {trainer: 'dpaudit.train:dpsgd', dp: {target_epsilon: 8}}}]"
@@ -36,8 +37,10 @@ DP_MODEL = "models=[{name: dp, train: {trainer: 'dpaudit.train:dpsgd', dp: {targ
     (["canaries.num=0"], "needs a canary"),
 ])
 def test_bad_multi_run_config_is_one_clear_input_error(sets, message):
+    from dpaudit.stages import check_config
+
     with pytest.raises(InputError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        load_config("tiny", overrides=["audit.mode=multi_run", *sets])
+        check_config(load_config("tiny", overrides=["audit.mode=multi_run", *sets]))
     if sets == ["canaries.num=0"]:
         load_config("tiny", overrides=sets)  # a one-run audit needs no canary
 
@@ -142,7 +145,7 @@ def test_design_keeps_everything_but_the_canary_in_half_the_runs():
 
 
 def test_fleet_trains_exactly_the_rows_of_a_given_keep_matrix(tmp_path):
-    from dpaudit.fleet import load_fleet, train_fleet
+    from dpaudit.stages.fleet import load_fleet, train_fleet
 
     tokenizer = fleet_plugin.make_tokenizer()
     candidates = fleet_plugin.make_candidates(tokenizer, num_units=3, rows_per_unit=1)
@@ -184,7 +187,7 @@ def tiny(tmp_path_factory):
 def test_stage_trains_2k_copies_of_the_audited_mechanism(tiny):
     _, rundir, result = tiny
     assert result.ok, result.failed
-    target = rundir.model("dp").read_dp_event()
+    target = read_dp_record(rundir.model("dp")).to_dict()
     fleet = rundir.multi_run_dir("dp")
     keep = np.load(fleet / "keep.npz")["keep"]
     assert keep.shape[0] == 4 and keep[:2, -1].all() and not keep[2:, -1].any() and keep[:, :-1].all()
@@ -207,12 +210,12 @@ def test_stage_scores_each_run_and_writes_the_artifact(tiny):
 
     config, rundir, _ = tiny
     res = rundir.model("dp").read_multi_run()
-    canary = rundir.read_canaries()[0]
+    canary = read_canaries(rundir)[0]
     assert res["canary_id"] == canary.id and res["num_runs"] == 2 and res["attack"] == "loss"
     assert res["in_scores"].shape == (2,) and res["out_scores"].shape == (2,)
     fleet = rundir.multi_run_dir("dp")
     for j, expected in ((0, res["in_scores"][0]), (3, res["out_scores"][1])):
-        sig = compute_signals(load_model(fleet / f"model-{j:03d}"), rundir.read_tokenizer(), [canary.text],
+        sig = compute_signals(load_model(fleet / f"model-{j:03d}"), read_tokenizer(rundir), [canary.text],
                               max_length=config.data.max_length, progress=False)
         assert get_attack("loss").score(AttackInputs(target=sig))[0] == pytest.approx(expected, abs=1e-5)
     cp = res["clopper_pearson"]
@@ -224,7 +227,7 @@ def test_stage_scores_each_run_and_writes_the_artifact(tiny):
 
 
 def test_stage_resumes_and_reaches_the_report_data(tiny):
-    from dpaudit.report.data import _multi_run
+    from dpaudit.report.model import _multi_run
     from dpaudit.stages.multi_run import multi_run_model
 
     config, rundir, _ = tiny
@@ -233,7 +236,7 @@ def test_stage_resumes_and_reaches_the_report_data(tiny):
     multi_run_model(rundir, config, "dp", None, default_delta=1e-5)  # in place: nothing is redone
     assert path.stat().st_mtime_ns == before
     warnings = []
-    entry = _multi_run(rundir.model("dp"), warnings.append)  # report["models"][i]["multi_run"]
+    entry = _multi_run(rundir.model("dp").read_multi_run(), warnings.append)  # report["models"][i]["multi_run"]
     assert entry["clopper_pearson"]["method"] == "clopper_pearson" and "in_scores" not in entry
     assert json.loads(json.dumps(entry)) == entry and not warnings
 
@@ -253,8 +256,9 @@ def test_multi_run_audit_catches_a_trainer_that_adds_no_noise(tmp_path):
     assert res["verdict"]["status"] == "violated"
     from dpaudit.report.data import assemble
     from dpaudit.report.html import render
+    from dpaudit.stages.report import read_snapshot
 
-    report = assemble(rundir).report
+    report = assemble(read_snapshot(rundir)).report
     assert report["models"][0]["multi_run"]["verdict"]["status"] == "violated"
     assert any("multi-run audit found a violation" in w for w in report["warnings"])
     assert "Multi-run audit" in render(report, {})

@@ -14,6 +14,7 @@ from dpaudit.cli import main
 from dpaudit.config import load_config
 from dpaudit.errors import InputError
 from dpaudit.rundir import RunDir
+from dpaudit.stages.artifacts import read_secrets
 from dpaudit.stages.attack import attack_texts
 from dpaudit.stages.prepare import (
     derive_seeds,
@@ -65,7 +66,7 @@ def test_groups_of_repetitions_half_inserted(prepared):
     # reproducible from the seed alone
     again, _ = make_secret_canaries(config, seed=derive_seeds(config.seed)["canaries"], main_set="new_token")
     assert again == secrets
-    assert rundir.read_secrets()[1]["name"] == "code3"
+    assert read_secrets(rundir)[1]["name"] == "code3"
 
 
 def test_inserted_as_often_as_they_say_and_never_attacked(prepared):
@@ -141,7 +142,7 @@ def test_dpaudit_extract_measures_exposure_exactly(prepared, capsys):
 
     config.canaries.secrets.enumerate_limit = 10
     config.canaries.secrets.sample_size = 200
-    est = secret_canaries(model, tok, data.secrets, rundir.read_secrets()[1], config=config)
+    est = secret_canaries(model, tok, data.secrets, read_secrets(rundir)[1], config=config)
     assert est["exposure_method"] == "skewnorm"
     assert all(r["rank"] is None and 0 <= r["exposure"] <= math.log2(1000) for r in est["canaries"])
     assert main(["extract", str(rundir.root)]) == 0 and "secret canaries x1" in capsys.readouterr().out

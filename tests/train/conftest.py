@@ -74,3 +74,4 @@ def make_dataset_fixture():
 def _threads():
     torch.set_num_threads(1)
     yield
+

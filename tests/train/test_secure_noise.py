@@ -14,12 +14,13 @@ import pytest
 import torch
 from scipy import stats
 from transformers import GPT2Config, GPT2LMHeadModel
+from recorded import train_recorded
 
 from dpaudit.config import load_config
 from dpaudit.errors import InputError
 from dpaudit.train import dpsgd, nonprivate
 from dpaudit.train.engine import DPSGDEngine
-from dpaudit.train.loop import RELEASE_WARNING
+from dpaudit.train.plan import RELEASE_WARNING
 from dpaudit.train.sampling import OSRandom, PoissonSampler, RunSeeds, SecureGenerator, os_seed
 
 MODES = ["secure", "reproducible"]
@@ -151,7 +152,7 @@ def test_presets_are_reproducible_and_the_default_is_secure():
 
 def test_reproducible_mode_replays_and_carries_a_warning(rows, tokenizer, tmp_path):
     cfg = config("train.dp.reproducible=true")
-    a = dpsgd(rows, tokenizer, seed=1, config=cfg, run_dir=tmp_path / "a")
+    a = train_recorded(dpsgd, tmp_path / "a", rows, tokenizer, seed=1, config=cfg)
     b = dpsgd(rows, tokenizer, seed=1, config=cfg)
     assert torch.equal(weights(a), weights(b))
     record = json.loads((tmp_path / "a" / "dp_event.json").read_text())
@@ -164,7 +165,7 @@ def test_reproducible_mode_replays_and_carries_a_warning(rows, tokenizer, tmp_pa
 
 def test_secure_mode_cannot_be_replayed_from_the_run_files(rows, tokenizer, tmp_path):
     cfg = config("train.dp.reproducible=false")
-    a = dpsgd(rows, tokenizer, seed=1, config=cfg, run_dir=tmp_path / "a")
+    a = train_recorded(dpsgd, tmp_path / "a", rows, tokenizer, seed=1, config=cfg)
     b = dpsgd(rows, tokenizer, seed=1, config=cfg)
     assert not torch.equal(weights(a), weights(b))  # same seed, different noise and batches
     record = json.loads((tmp_path / "a" / "dp_event.json").read_text())
@@ -178,7 +179,7 @@ def test_secure_mode_cannot_be_replayed_from_the_run_files(rows, tokenizer, tmp_
 
 def test_nonprivate_training_stays_seeded_and_records_no_noise(rows, tokenizer, tmp_path):
     cfg = load_config("tiny", overrides=["data.max_length=32", "train.steps=3"])
-    a = nonprivate(rows, tokenizer, seed=2, config=cfg, run_dir=tmp_path)
+    a = train_recorded(nonprivate, tmp_path, rows, tokenizer, seed=2, config=cfg)
     assert torch.equal(weights(a), weights(nonprivate(rows, tokenizer, seed=2, config=cfg)))
     assert json.loads((tmp_path / "dp_event.json").read_text())["noise"] is None
 
@@ -186,4 +187,4 @@ def test_nonprivate_training_stays_seeded_and_records_no_noise(rows, tokenizer, 
 def test_nan_loss_stops_training_naming_the_step(rows, tokenizer, tmp_path):
     cfg = load_config("tiny", overrides=["data.max_length=32", "train.steps=6", "train.lr=1e30"])
     with pytest.raises(InputError, match=r"loss is NaN or infinite at step \d+ of 6"):
-        nonprivate(rows, tokenizer, seed=0, config=cfg, run_dir=tmp_path)
+        train_recorded(nonprivate, tmp_path, rows, tokenizer, seed=0, config=cfg)

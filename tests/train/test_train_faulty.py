@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 from test_train_engine import build, engine, sequences
+from recorded import train_recorded
 
 from dpaudit.config import load_config
 from dpaudit.train import faulty
@@ -71,7 +72,7 @@ def test_realised_batch_size():
 def test_shuffle_as_poisson_is_caught_by_sampler_check(make_dataset, tokenizer, tmp_path):
     train = make_dataset(tokenizer, 24)
     config = load_config("tiny", overrides=[*BASE, "train.steps=40", "train.batch_size=6", "model.size=tiny"])
-    faulty.shuffle_as_poisson(train, tokenizer, seed=0, config=config, run_dir=tmp_path / "bad")
+    train_recorded(faulty.shuffle_as_poisson, tmp_path / "bad", train, tokenizer, seed=0, config=config)
     checks = json.loads((tmp_path / "bad" / "train_checks.json").read_text())
     assert checks["sampler"] == "poisson"  # it claims Poisson...
     assert checks["batch_size"]["variance"] == 0.0  # ...but every batch has 6 units
@@ -85,7 +86,7 @@ def test_shuffle_as_poisson_is_caught_by_sampler_check(make_dataset, tokenizer, 
 def test_faulty_trainers_follow_the_contract(make_dataset, tokenizer, tmp_path, name):
     train = make_dataset(tokenizer, 16)
     config = load_config("tiny", overrides=[*BASE, "train.steps=2"])
-    model = faulty.FAULTY_TRAINERS[name](train, tokenizer, seed=0, config=config, run_dir=tmp_path)
+    model = train_recorded(faulty.FAULTY_TRAINERS[name], tmp_path, train, tokenizer, seed=0, config=config)
     assert isinstance(model, torch.nn.Module)
     record = json.loads((tmp_path / "dp_event.json").read_text())
     assert record["noise_multiplier"] == 1.0 and record["epsilon"] > 0
@@ -194,8 +195,8 @@ def test_microstep_accounting_records_q_over_k_and_k_steps(make_dataset, tokeniz
     overrides = ["data.max_length=32", "train.eval_every=100", *dp, "train.steps=16", "train.batch_size=6",
                  "model.size=tiny", "train.dp.accountant=rdp"]  # rdp: fast calibration
     train = make_dataset(tokenizer, 24)
-    faulty.microstep_accounting(train, tokenizer, seed=0, config=load_config("tiny", overrides=overrides),
-                                run_dir=tmp_path / "bad")
+    train_recorded(faulty.microstep_accounting, tmp_path / "bad", train, tokenizer, seed=0,
+                   config=load_config("tiny", overrides=overrides))
     record = json.loads((tmp_path / "bad" / "dp_event.json").read_text())
     checks = json.loads((tmp_path / "bad" / "train_checks.json").read_text())
     q = 6 / 24

@@ -7,12 +7,13 @@ import math
 
 import pytest
 import torch
+from recorded import train_recorded
 
 from dpaudit import accounting
 from dpaudit.config import load_config
 from dpaudit.errors import InputError
 from dpaudit.train import dpsgd, nonprivate
-from dpaudit.train.loop import lr_factor, num_steps
+from dpaudit.train.plan import lr_factor, num_steps
 
 BASE = ["data.max_length=32", "train.eval_every=3", "train.steps=4"]
 
@@ -39,7 +40,7 @@ def params(model):
 def test_nonprivate_run_directory(tokenizer, data, tmp_path):
     train, held_out = data
     config = cfg("train.checkpoint_every=2", "train.schedule=cosine", "train.warmup_steps=1")
-    model = nonprivate(train, tokenizer, seed=0, config=config, run_dir=tmp_path, eval_dataset=held_out)
+    model = train_recorded(nonprivate, tmp_path, train, tokenizer, seed=0, config=config, eval_dataset=held_out)
     baseline = read_log(tmp_path, baseline=True)[0]
     assert baseline["step"] == 0 and baseline["heldout_loss"] > 0 and "train_loss" not in baseline
     log = read_log(tmp_path)
@@ -68,7 +69,7 @@ def test_nonprivate_run_directory(tokenizer, data, tmp_path):
 def test_dpsgd_run_directory(tokenizer, data, tmp_path):
     train, held_out = data
     config = cfg("train.dp.noise_multiplier=1.5", "train.dp.max_grad_norm=0.5", "train.dp.delta=0.0001")
-    dpsgd(train, tokenizer, seed=0, config=config, run_dir=tmp_path, eval_dataset=held_out)
+    train_recorded(dpsgd, tmp_path, train, tokenizer, seed=0, config=config, eval_dataset=held_out)
     record = json.loads((tmp_path / "dp_event.json").read_text())
     assert record["trainer"] == "dpaudit.train:dpsgd"
     assert record["sample_rate"] == pytest.approx(8 / 24)
@@ -91,7 +92,7 @@ def test_dpsgd_run_directory(tokenizer, data, tmp_path):
 def test_user_level_counts_users(make_dataset, tokenizer, tmp_path):
     train = make_dataset(tokenizer, 30, users=10)
     config = cfg("train.dp.target_epsilon=6", "train.dp.unit=user", "train.batch_size=4", "train.microbatch_size=4")
-    dpsgd(train, tokenizer, seed=0, config=config, run_dir=tmp_path)
+    train_recorded(dpsgd, tmp_path, train, tokenizer, seed=0, config=config)
     record = json.loads((tmp_path / "dp_event.json").read_text())
     users = len(set(train["unit_id"]))
     assert record["unit"] == "user" and record["num_units"] == users
@@ -136,7 +137,8 @@ def test_nonprivate_learns(tokenizer, data):
     train, held_out = data
     config = cfg("train.steps=30", "train.eval_every=30", "train.lr=0.01")
     model = nonprivate(train, tokenizer, seed=0, config=config)
-    from dpaudit.train.loop import evaluate, prepare_sequences
+    from dpaudit.train.evaluate import evaluate
+    from dpaudit.train.units import prepare_sequences
 
     loss, _ = evaluate(model, prepare_sequences(train, max_length=32, pad_id=tokenizer.pad_token_id),
                        batch_size=8, pad_id=tokenizer.pad_token_id, device=torch.device("cpu"))
@@ -146,7 +148,7 @@ def test_nonprivate_learns(tokenizer, data):
 def test_lora_trains_only_adapters(tokenizer, data, tmp_path):
     train, _ = data
     config = cfg("model.lora.enabled=true", "model.lora.r=2", "train.dp.noise_multiplier=1.0", "train.steps=2")
-    model = dpsgd(train, tokenizer, seed=0, config=config, run_dir=tmp_path)
+    model = train_recorded(dpsgd, tmp_path, train, tokenizer, seed=0, config=config)
     trainable = [n for n, p in model.named_parameters() if p.requires_grad]
     assert trainable and all("lora_" in n for n in trainable)
     checks = json.loads((tmp_path / "train_checks.json").read_text())
@@ -171,7 +173,7 @@ def test_other_architecture_as_base_model(tokenizer, data, tmp_path):
     base.save_pretrained(tmp_path / "base")
     train, held_out = data
     config = cfg(f"model.base_model={tmp_path / 'base'}", "train.dp.noise_multiplier=1.0", "train.steps=2")
-    model = dpsgd(train, tokenizer, seed=0, config=config, run_dir=tmp_path / "run", eval_dataset=held_out)
+    model = train_recorded(dpsgd, tmp_path / "run", train, tokenizer, seed=0, config=config, eval_dataset=held_out)
     assert model.config.model_type == "llama"
     assert model.config._attn_implementation != "eager" or base.config._attn_implementation == "eager"
     assert json.loads((tmp_path / "run" / "train_checks.json").read_text())["ok"]
@@ -204,7 +206,7 @@ def test_config_level_bad_input():
 
 def test_plan_rejects_bad_values_that_bypass_config():
     from dpaudit.config import DPConfig
-    from dpaudit.train.loop import plan_privacy
+    from dpaudit.train.plan import plan_privacy
 
     with pytest.raises(InputError, match="must be > 0"):
         plan_privacy(DPConfig(noise_multiplier=-1.0), batch_size=4, num_units=10, steps=5)
@@ -248,7 +250,7 @@ def test_demo_sized_dpsgd_user_level(make_dataset, tokenizer, tmp_path):
     train = make_dataset(tokenizer, 200, users=50, max_length=128)
     config = load_config("demo", overrides=["train.trainer=dpaudit.train:dpsgd", "train.dp.target_epsilon=8",
                                             "train.dp.unit=user", "train.epochs=2", "train.eval_every=10"])
-    dpsgd(train, tokenizer, seed=0, config=config, run_dir=tmp_path, eval_dataset=make_dataset(tokenizer, 20, seed=3))
+    train_recorded(dpsgd, tmp_path, train, tokenizer, seed=0, config=config, eval_dataset=make_dataset(tokenizer, 20, seed=3))
     checks = json.loads((tmp_path / "train_checks.json").read_text())
     assert checks["ok"], checks
     record = json.loads((tmp_path / "dp_event.json").read_text())

@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 from test_train_engine import assert_close, build, engine, sequences
+from recorded import train_recorded
 
 from dpaudit.config import load_config
 from dpaudit.errors import InputError
@@ -62,7 +63,7 @@ def test_opacus_trainer_end_to_end(make_dataset, tokenizer, tmp_path):
 
     train = make_dataset(tokenizer, 16)
     config = load_config("tiny", overrides=[*BASE, "train.steps=2"])
-    model = dpsgd(train, tokenizer, seed=0, config=config, run_dir=tmp_path)
+    model = train_recorded(dpsgd, tmp_path, train, tokenizer, seed=0, config=config)
     assert not hasattr(model, "autograd_grad_sample_hooks")  # hooks removed
     record = json.loads((tmp_path / "dp_event.json").read_text())
     assert record["trainer"] == "dpaudit.train.opacus:dpsgd"

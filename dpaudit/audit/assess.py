@@ -1,0 +1,212 @@
+"""The one place where an audit's claim, ceiling and verdict are decided.
+
+``dpaudit run``'s report, ``dpaudit validate`` and the multi-run audit all call
+:func:`assess`:
+
+    claim = Claim.of_record(record)                      # what the training run claims
+    verdict = assess(bounds=bounds, claim=claim, learned=True, checks=checks, record=record)
+
+- The claim (:class:`Claim`) is what the bounds are held to: the accountant's epsilon of the
+  run's DP record at each bound's delta (a group's epsilon for a canary repeated at note
+  level), a stated (epsilon, delta), the largest epsilon of several runs, or nothing (no
+  claim: non-private or unknown).
+- The ceiling (:func:`ceilings`) is what each sound method could have shown with every
+  guess right, for these canaries (or runs), strategy and significance; the verdict compares
+  the largest with the claim.
+- The verdict (:func:`dpaudit.audit.verdict.decide`) says violated, consistent,
+  inconclusive or no claim; a trainer whose accounting is not of the training it ran (its
+  DP record against its sampler checks), or whose own checks failed, is violated whatever
+  the bounds say.
+
+Records are read by duck typing (:class:`dpaudit.accounting.DpRecord`'s ``private``,
+``epsilon(delta)``, ``group_epsilon(r, delta)``, ``unit``, ``delta``, ``dpsgd_parameters``),
+so this module needs no accountant of its own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from dpaudit.audit.canary_scores import BoundResult
+from dpaudit.audit.strategy import BonferroniStrategy, SplitStrategy
+from dpaudit.audit.verdict import Status, Verdict, decide
+from dpaudit.errors import InputError
+
+__all__ = ["Claim", "accounting_mismatch", "assess", "ceilings", "strategy_from_dict"]
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What an audit tests. ``kind`` is ``"dp"``, ``"non_private"`` or ``"unknown"``;
+    ``epsilon_at(delta)`` is the claimed epsilon at a bound's delta (None: ``epsilon`` at
+    every delta), ``delta`` the claim's own delta, ``family`` the DP-SGD parameters
+    (``noise_multiplier``, ``sample_rate``, ``steps``) whose trade-off curve the claimed-curve
+    test checks, and ``group_size`` the units a canary counts as."""
+
+    kind: str
+    epsilon: float | None = None
+    delta: float | None = None
+    epsilon_at: Callable[[float], float] | None = None
+    family: Mapping[str, Any] | None = None
+    group_size: int = 1
+
+    @classmethod
+    def unknown(cls) -> Claim:
+        return cls("unknown")
+
+    @classmethod
+    def stated(cls, *, epsilon: float, delta: float, family: Mapping[str, Any] | None = None) -> Claim:
+        """A claim stated by the user, at its delta (and at every other delta)."""
+        return cls("dp", epsilon=float(epsilon), delta=float(delta), family=family)
+
+    @classmethod
+    def of_record(cls, record, *, group_size: int = 1) -> Claim:
+        """The claim of a training run's DP record (None: unknown). ``group_size`` r > 1 at
+        note level (a canary repeated r times) holds the audit to the group's epsilon."""
+        if record is None:
+            return cls.unknown()
+        if not record.private:
+            return cls("non_private", epsilon=math.inf)
+        if group_size > 1 and record.unit == "example" and record.dpsgd_parameters is not None:
+            def at(delta: float) -> float:
+                return record.group_epsilon(group_size, delta)
+        else:
+            group_size = 1
+
+            def at(delta: float) -> float:
+                return float(record.epsilon(delta))
+        return cls("dp", epsilon=at(record.delta), delta=record.delta, epsilon_at=at,
+                   family=record.dpsgd_parameters, group_size=group_size)
+
+    @classmethod
+    def largest(cls, records: Sequence, *, delta: float, group_size: int = 1) -> Claim:
+        """The largest epsilon of several runs at ``delta`` (the multi-run audit's 2K runs);
+        unknown when a run recorded no DP event."""
+        if any(r is None for r in records):
+            return cls.unknown()
+        seen, worst = [], 0.0
+        for r in records:
+            if r.event in seen:
+                continue
+            seen.append(r.event)
+            eps = r.epsilon(delta)
+            if math.isfinite(eps) and group_size > 1 and r.unit == "example":
+                if r.dpsgd_parameters is None:
+                    raise InputError("a canary repeated at note level is a group; its epsilon needs a plain "
+                                     "DP-SGD event")
+                eps = r.group_epsilon(group_size, delta)
+            worst = max(worst, eps)
+        return cls("non_private" if math.isinf(worst) else "dp", epsilon=worst, delta=delta)
+
+    @property
+    def claimed_epsilon(self) -> float | None:
+        """The number :func:`decide` holds the bounds to (None: nothing is claimed)."""
+        return None if self.kind == "unknown" else self.epsilon
+
+
+def strategy_from_dict(d: Any):
+    """The strategy of :meth:`Strategy.describe`'s dict (None when it is not one)."""
+    if not isinstance(d, Mapping):
+        return None
+    grid = d.get("grid")
+    grid = tuple(tuple(g) if isinstance(g, list) else g for g in grid) if isinstance(grid, list) else None
+    if d.get("name") == "split":
+        return SplitStrategy(fraction=float(d.get("fraction", 0.5)), seed=int(d.get("seed", 0)), grid=grid)
+    if d.get("name") == "bonferroni":
+        return BonferroniStrategy(grid=grid)
+    return None
+
+
+def ceilings(bounds: Sequence[tuple[str, BoundResult]], *, claim: Claim, num_canaries: int | None = None,
+             warn: Callable[[str], None] | None = None) -> dict[str, float]:
+    """The ceiling of each sound method among ``bounds``: the bound it would report with every
+    guess right (one run: ``one_run``, ``claimed_curve``) or every run told apart
+    (``clopper_pearson``), for the same canaries or runs, strategy, significance and delta (the
+    claim's delta when it has one). ``num_canaries`` overrides the canaries a one-run method
+    counts. A ceiling that cannot be computed is left out (and ``warn`` is told why)."""
+    from dpaudit.audit.ceilings import claimed_curve_ceiling, one_run_ceiling
+
+    out: dict[str, float] = {}
+    for method in ("one_run", "claimed_curve", "clopper_pearson"):
+        ref = next((b for _, b in bounds if b.sound and b.method == method), None)
+        if ref is None:
+            continue
+        common = dict(significance=float(ref.significance), strategy=strategy_from_dict(ref.strategy),
+                      delta=float(claim.delta if claim.delta is not None else ref.delta))
+        try:
+            if method == "clopper_pearson":
+                out[method] = _runs_ceiling(ref, **common)
+                continue
+            m = int(num_canaries or ref.num_canaries)
+            if method == "one_run":
+                out[method] = float(one_run_ceiling(method="one_run", num_canaries=m, **common))
+            else:
+                out[method] = float(claimed_curve_ceiling(num_canaries=m, **common, **(claim.family or {})))
+        except (InputError, TypeError, ValueError) as err:
+            if warn is not None:
+                warn(f"{method} ceiling not computed: {err}")
+    return out
+
+
+def _runs_ceiling(ref: BoundResult, *, delta: float, significance: float, strategy) -> float:
+    """The Clopper-Pearson bound of runs told apart without error (as many in and out as ``ref``)."""
+    import numpy as np
+
+    from dpaudit.audit.canary_scores import CanaryScores
+
+    d = ref.details
+    perfect = CanaryScores(in_scores=np.ones(d["tp"] + d["fn"]), out_scores=np.zeros(d["fp"] + d["tn"]))
+    return float(perfect.epsilon_clopper_pearson(delta=delta, significance=significance, strategy=strategy).epsilon)
+
+
+def accounting_mismatch(record, checks: Mapping[str, Any] | None) -> str | None:
+    """How the DP record a trainer wrote differs from the sampling its own checks saw (the
+    number of steps, or the expected batch q N), or None when they agree or either is missing.
+    Accounting each gradient-accumulation micro-step as a step (rate q / k over k T steps) is
+    caught here: the sampler ran T steps of expected size q N."""
+    batch = (checks or {}).get("batch_size") or {}
+    try:
+        steps, q, n = int(record.steps), float(record.sample_rate), int(record.num_units)
+        ran_steps, ran_mean = int(batch["steps"]), float(batch["expected_mean"])
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return None
+    if steps != ran_steps:
+        return f"it accounts {steps} steps, and its sampler ran {ran_steps}"
+    if abs(q * n - ran_mean) > 1e-6 * max(1.0, ran_mean):
+        return f"it accounts a sampling rate {q:.6g} (expected batch {q * n:.4g}), its sampler's expected batch was {ran_mean:.4g}"
+    return None
+
+
+def assess(*, bounds: Sequence[tuple[str, BoundResult]], claim: Claim, learned: bool | None,
+           ceiling: float | None = None, num_canaries: int | None = None, checks: Mapping[str, Any] | None = None,
+           record=None, remedy: tuple[str, str] | None = None) -> Verdict:
+    """The verdict of an audit (the module docstring). ``ceiling`` is the largest of
+    :func:`ceilings` unless given; ``checks`` are the trainer's sampler and update checks
+    (``train_checks.json``) and ``record`` its DP record. ``remedy`` = (what the ceiling is
+    of, what to do), e.g. ("the ceiling of 8 runs per side", "add runs"), words the reason of
+    an audit whose ceiling is at or below the claim (default: its canaries, add canaries)."""
+    if ceiling is None:
+        ceiling = max(ceilings(bounds, claim=claim, num_canaries=num_canaries).values(), default=None)
+    verdict = decide(bounds=bounds, claimed_epsilon=claim.claimed_epsilon, accountant_epsilon=claim.epsilon_at,
+                     ceiling=ceiling, learned=learned)
+    if remedy is not None and verdict.status == Status.INCONCLUSIVE and verdict.ceiling is not None \
+            and verdict.ceiling <= (verdict.claimed_epsilon or 0.0):
+        verdict = dataclasses.replace(verdict, reason=(
+            f"Even a perfect attack could not show a violation: {remedy[0]} is {verdict.ceiling:.3f} <= the claimed "
+            f"epsilon {verdict.claimed_epsilon:.3f}; {remedy[1]}."))
+    if verdict.status == Status.VIOLATED:
+        return verdict
+    mismatch = accounting_mismatch(record, checks)
+    if mismatch:
+        return dataclasses.replace(verdict, status=Status.VIOLATED,
+                                   reason=f"the trainer's accounting is not of the training it ran: {mismatch}")
+    if checks is not None and not checks.get("ok", True):
+        failed = [k for k in ("batch_size",) if (checks.get(k) or {}).get("consistent") is False]
+        reason = ("the trainer's own checks failed (" + (", ".join(failed) or "see train_checks.json") +
+                  "): its sampling or its updates are not what its accounting assumes")
+        return dataclasses.replace(verdict, status=Status.VIOLATED, reason=reason)
+    return verdict

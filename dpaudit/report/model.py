@@ -1,0 +1,345 @@
+"""One model's entry of the report, from its :class:`~dpaudit.report.snapshot.ModelSnapshot`.
+
+- ``dp``: what was protected, from its :class:`~dpaudit.accounting.DpRecord`; the accountant's
+  epsilon is *recomputed* from the recorded event. No record (a plug-in trainer that wrote
+  none, an ``audit-model`` output): privacy "unknown", ``enabled`` null, never "trained
+  without DP".
+- ``utility``: held-out perplexity at the last evaluation and at step 0 (before training);
+  ``learned`` = the loss on its training rows went down (null without a step-0 record, and
+  when not every parameter trains: ``model.trainable``).
+- ``attacks`` (members vs held-out) and ``canary_attacks`` (included vs excluded canaries,
+  with their epsilon bounds as written by the attack stage).
+- ``audit`` and ``verdict``: the claim, the ceilings and the verdict as
+  :func:`dpaudit.audit.assess` decides them; the best *sound* bound, and, kept apart under
+  ``estimates``, the epsilons of the methods that assume a Gaussian trade-off curve or
+  independent channels (not sound bounds).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from dpaudit.errors import InputError
+from dpaudit.jsonable import jsonable
+from dpaudit.report.extraction import extraction_summary, patient_epsilons
+from dpaudit.report.schema import DP_KEYS, MIN_NONMEMBERS_TIMES_FPR, MISMATCH_RTOL, REPORT_FPRS, UNIT_ADJACENCY
+from dpaudit.report.snapshot import ModelSnapshot, Unreadable
+from dpaudit.report.values import integer, num
+
+__all__ = ["model_entry"]
+
+
+# --------------------------------------------------------------------------- privacy
+
+
+def _privacy(record, warn) -> tuple[str, dict[str, Any], Any]:
+    """(privacy, dp dict, accountant callable delta -> epsilon or None) of a DP record."""
+    from dpaudit.accounting import event_to_dict
+
+    dp = dict.fromkeys(DP_KEYS)
+    dp.update(epsilon_logged=None, target_epsilon=None, sampler=None, noise=None, adjacency=None, sampling_scheme=None,
+              group_epsilon=None, last_iterate_epsilon=None)
+    if isinstance(record, Unreadable):
+        warn(f"dp_event.json unreadable: {record}; privacy unknown")
+        record = None
+    if record is None:
+        return "unknown", dp, None
+    for k in ("noise_multiplier", "sample_rate", "max_grad_norm", "delta", "target_epsilon"):
+        dp[k] = num(getattr(record, k))
+    for k in ("steps", "expected_batch_size", "num_units"):
+        dp[k] = integer(getattr(record, k))
+    for k in ("unit", "accountant", "trainer", "sampler", "noise"):
+        dp[k] = getattr(record, k)
+    dp["enabled"] = record.private
+    dp["adjacency"] = UNIT_ADJACENCY.get(dp["unit"] or "", dp["unit"])
+    dp["sampling_scheme"] = _sampling_scheme(event_to_dict(record.event), dp["sampler"])
+    if not record.private:
+        return "non_private", dp, None
+    dp["epsilon_logged"] = num(record.logged_epsilon)
+    if dp["noise"] == "reproducible":
+        warn("trained in reproducible mode (train.dp.reproducible: true): its noise and batches follow from the "
+             "run seed, so the model is fine for an audit and not fit for release")
+    try:
+        dp["epsilon"] = float(record.epsilon())
+    except Exception as err:  # noqa: BLE001 - a bad event must not stop the report
+        warn(f"accountant epsilon not recomputed from the DpEvent ({type(err).__name__}: {err}); "
+             f"the logged value {dp['epsilon_logged']} is shown unverified")
+        dp["epsilon"] = dp["epsilon_logged"]
+        dp["epsilon_recomputed"] = False
+        return "dp", dp, None
+    dp["epsilon_recomputed"] = True
+    logged = dp["epsilon_logged"]
+    if logged is not None and dp["epsilon"] is not None and \
+            abs(logged - dp["epsilon"]) > MISMATCH_RTOL * max(abs(logged), abs(dp["epsilon"]), 1e-12):
+        warn(f"logged epsilon {logged:.6g} differs from the one recomputed from the DpEvent "
+             f"{dp['epsilon']:.6g}; the recomputed value is used")
+    return "dp", dp, record
+
+
+def _utility(records: list[dict[str, Any]]) -> dict[str, Any]:
+    evals = [r for r in records if num(r.get("heldout_loss")) is not None]
+    step0 = next((r for r in evals if integer(r.get("step")) == 0), None)
+    last = evals[-1] if evals else None
+    out = {
+        "heldout_perplexity": num(last.get("heldout_perplexity")) if last else None,
+        "heldout_loss": num(last.get("heldout_loss")) if last else None,
+        "initial_heldout_perplexity": num(step0.get("heldout_perplexity")) if step0 else None,
+        "initial_heldout_loss": num(step0.get("heldout_loss")) if step0 else None,
+        "final_train_loss": next((num(r.get("train_loss")) for r in reversed(records)
+                                  if num(r.get("train_loss")) is not None), None),
+        "steps_logged": max((integer(r.get("step")) or 0 for r in records), default=None),
+        "initial_train_loss": None,
+        "train_eval_loss": None,
+        "learned": None,
+    }
+    return out
+
+
+
+def _train_checks(checks, warn) -> dict[str, Any] | None:
+    if isinstance(checks, Unreadable):
+        warn(str(checks))
+        return None
+    if not isinstance(checks, Mapping):
+        return None
+    batch = checks.get("batch_size") if isinstance(checks.get("batch_size"), Mapping) else {}
+    out = {
+        "ok": checks.get("ok"),
+        "sampler": checks.get("sampler"),
+        "batch_size_consistent": batch.get("consistent"),
+        "batch_size_mean": num(batch.get("mean")),
+        "batch_size_expected_mean": num(batch.get("expected_mean")),
+        "batch_size_reference": batch.get("reference"),
+        "all_parameters_moved": (checks.get("parameters") or {}).get("all_moved")
+        if isinstance(checks.get("parameters"), Mapping) else None,
+        "non_finite": checks.get("non_finite") if isinstance(checks.get("non_finite"), Mapping) else None,
+    }
+    if checks.get("ok") is False:
+        warn("the trainer's own checks failed (train_checks.json: ok = false)")
+    if batch.get("consistent") is False:
+        warn(f"the realised batch sizes do not fit {batch.get('reference')}: the sampler may not be Poisson")
+    return out
+
+
+
+def _split_summary(split: Mapping[str, Any]) -> dict[str, Any]:
+    num_out = integer(split.get("num_out"))
+    raw = split.get("tpr_at_fpr") if isinstance(split.get("tpr_at_fpr"), Mapping) else {}
+    by_value = {}
+    for k, v in raw.items():
+        try:
+            by_value[format(float(k), "g")] = v
+        except (TypeError, ValueError):
+            continue
+    tpr = {}
+    for key in REPORT_FPRS:
+        v = num(by_value.get(key))
+        if v is not None and (num_out is None or num_out * float(key) < MIN_NONMEMBERS_TIMES_FPR - 1e-9):
+            v = None  # too few non-members to estimate this FPR: never print a number (or a 0)
+        tpr[key] = v
+    ci = split.get("auc_ci")
+    auc_ci = [num(ci[0]), num(ci[1])] if isinstance(ci, (list, tuple)) and len(ci) == 2 else None
+    return {
+        "auc": num(split.get("auc")),
+        "auc_ci": auc_ci if auc_ci and None not in auc_ci else None,
+        "tpr_at_fpr": tpr,
+        "balanced_accuracy": num(split.get("balanced_accuracy")),
+        "num_in": integer(split.get("num_in")),
+        "num_out": num_out,
+    }
+
+
+
+def _bound_result(d: Mapping[str, Any]):
+    from dpaudit.audit import BoundResult
+
+    names = {f.name for f in dataclasses.fields(BoundResult)}
+    kwargs = {k: v for k, v in d.items() if k in names}
+    kwargs.setdefault("strategy", {})
+    kwargs.setdefault("details", {})
+    for k in ("num_guesses", "num_correct"):
+        kwargs.setdefault(k, None)
+    return BoundResult(**kwargs)
+
+
+
+def _attacks(results, warn) -> tuple[dict, dict, list, dict]:
+    """(attacks, canary_attacks, [(attack, BoundResult)], roc arrays)."""
+    attacks, canary_attacks, bounds, roc = {}, {}, [], {}
+    if isinstance(results, Unreadable):
+        warn(str(results))
+        results = {}
+    for name, r in results.items():
+        splits = r["splits"]
+        roc[name] = {}
+        for split, (scores, labels) in r["arrays"].items():
+            scores = np.asarray(scores, dtype=float)
+            labels = np.asarray(labels, dtype=bool)
+            if scores.shape == labels.shape and labels.any() and (~labels).any():
+                roc[name][split] = (scores[labels], scores[~labels])
+        if isinstance(splits.get("members"), Mapping):
+            attacks[name] = {**_split_summary(splits["members"]), "params": r["params"]}
+        canaries = splits.get("canaries")
+        if isinstance(canaries, Mapping):
+            raw = canaries.get("epsilon_lower_bounds") if isinstance(canaries.get("epsilon_lower_bounds"), Mapping) else {}
+            kept = {}
+            for method, b in raw.items():
+                if not isinstance(b, Mapping) or num(b.get("epsilon")) is None:
+                    warn(f"{name}/{method}: epsilon bound is missing or not finite; skipped")
+                    continue
+                try:
+                    br = _bound_result({"method": method, **b})
+                except (InputError, TypeError, ValueError) as err:
+                    warn(f"{name}/{method}: unreadable bound ({err}); skipped")
+                    continue
+                kept[method] = {**jsonable(b), "method": method, "sound": br.sound}
+                bounds.append((name, br))
+            canary_attacks[name] = {**_split_summary(canaries), "bounds": kept}
+    return attacks, canary_attacks, bounds, roc
+
+
+
+def _sampling_scheme(event: Mapping[str, Any], sampler: str | None) -> str | None:
+    """The sampling of the DpEvent chain (``self_composed`` -> ``*_sampled`` -> ...)."""
+    ev = event
+    while isinstance(ev, Mapping):
+        kind = ev.get("type")
+        if isinstance(kind, str) and kind.endswith("_sampled"):
+            return kind.replace("_", " ")
+        ev = ev.get("event")
+    return sampler
+
+
+# --------------------------------------------------------------------------- the claim and the audit
+
+
+def _claim(privacy: str, dp: dict, record, repetitions: int):
+    """The claim the canaries are held to (:class:`dpaudit.audit.Claim`): the record's, a
+    group's for r copies of a canary at note level (then also what the report says of it);
+    the logged epsilon when the accountant could not recompute it."""
+    from dpaudit.audit import Claim
+
+    if privacy == "non_private":
+        return Claim("non_private", epsilon=float("inf")), None
+    if privacy == "unknown":
+        return Claim.unknown(), None
+    if record is None:  # the accountant failed: the logged claim, unverified
+        return Claim("dp", epsilon=dp["epsilon"], delta=dp["delta"]), None
+    claim = Claim.of_record(record, group_size=repetitions)
+    if claim.group_size == 1:
+        return claim, None
+    dp["group_epsilon"] = claim.epsilon
+    return claim, (f"each canary is repeated {repetitions} times at note level, so the audit measures a group of "
+                   f"{repetitions} notes: it is held to the group's epsilon {claim.epsilon:.3g}, not the per-note "
+                   f"{dp['epsilon']:.3g}")
+
+
+def _audit(bounds, verdict, ceilings: dict[str, float]) -> dict[str, Any]:
+    """The audit's summary: the reported sound bound (the verdict's), every sound method's
+    ceiling and the largest, and the estimates that are not sound bounds."""
+    audit = {k: getattr(verdict, k) for k in ("epsilon_lower_bound", "method", "attack", "delta", "significance")}
+    audit["confidence"] = None if verdict.significance is None else 1.0 - verdict.significance
+    for k in ("num_canaries", "num_guesses", "num_correct"):
+        audit[k] = getattr(verdict, k)
+    audit.update(ceiling=max(ceilings.values(), default=None), ceilings=ceilings,
+                 estimates={f"{a}/{b.method}": b.epsilon for a, b in bounds if not b.sound},
+                 num_sound_bounds=sum(1 for _, b in bounds if b.sound))
+    return audit
+
+
+def _last_iterate(dp: dict, lr_factors, warn) -> float | None:
+    """The last-iterate heuristic epsilon (:func:`dpaudit.accounting.last_iterate_epsilon`)
+    at the run's delta, with the learning-rate schedule of the toolkit's own loop (a plug-in's
+    schedule is unknown: constant is assumed)."""
+    from dpaudit.accounting import last_iterate_epsilon
+
+    try:
+        return last_iterate_epsilon(noise_multiplier=dp["noise_multiplier"], sample_rate=dp["sample_rate"],
+                                    steps=dp["steps"], delta=dp["delta"],
+                                    lr_factors=list(lr_factors) if lr_factors is not None else None)
+    except InputError as err:
+        warn(f"last-iterate heuristic not computed: {err}")
+        return None
+
+
+def _multi_run(result, warn) -> dict[str, Any] | None:
+    """``multi_run.json`` without the per-run scores (they stay in ``multi_run.npz``)."""
+    if isinstance(result, Unreadable):
+        warn(f"multi-run audit unreadable: {result}")
+        return None
+    if result is None:
+        return None
+    status = (result.get("verdict") or {}).get("status")
+    if status == "violated":
+        warn(f"the multi-run audit found a violation: {result['verdict'].get('reason')}")
+    return jsonable({k: v for k, v in result.items() if k not in ("in_scores", "out_scores")})
+
+
+def _error(model: ModelSnapshot) -> str | None:
+    err = {"message": str(model.error)} if isinstance(model.error, Unreadable) else model.error
+    if isinstance(err, Mapping):
+        error = str(err.get("message") or err.get("type") or "failed")
+        return f"{err['stage']}: {error}" if err.get("stage") else error
+    return None if model.exists else "no model directory (not trained yet?)"
+
+
+# --------------------------------------------------------------------------- one model
+
+
+def model_entry(model: ModelSnapshot, *, include_texts: bool, num_canaries: int | None, repetitions: int,
+                trainable: str) -> tuple[dict, list[str], dict, list, list, list]:
+    """(entry, warnings, roc arrays, extraction rows, patient-secret rows, bound rows) of one model."""
+    from dpaudit.audit import assess, ceilings, fit_from_log, learned
+
+    warnings: list[str] = []
+    warn = warnings.append
+    error = _error(model)
+    privacy, dp, record = _privacy(model.record, warn)
+    log = model.log
+    if isinstance(log, Unreadable):
+        warn(str(log))
+        log = []
+    utility = _utility(log)
+    # Learned = fit its training rows (canaries included): a DP fine-tune of a strong public base
+    # may not beat the base on held-out notes, yet learn from its private rows, which is what an
+    # audit of memorization needs.
+    utility["initial_train_loss"], utility["train_eval_loss"] = fit_from_log(log)
+    utility["learned"] = learned(initial_loss=utility["initial_train_loss"], final_loss=utility["train_eval_loss"],
+                                 trainable=trainable)
+    checks = _train_checks(model.checks, warn)
+    attacks, canary_attacks, bounds, roc = _attacks(model.results, warn)
+    claim, group_note = _claim(privacy, dp, record, repetitions)
+    found = ceilings(bounds, claim=claim, num_canaries=num_canaries, warn=warn)
+    extraction, ext_rows, patient_rows = extraction_summary(model.name, model.extraction, include_texts, warn)
+    if group_note:
+        warn(group_note)
+    if privacy == "dp" and None not in (dp["noise_multiplier"], dp["sample_rate"], dp["steps"], dp["delta"]):
+        dp["last_iterate_epsilon"] = _last_iterate(dp, model.lr_factors, warn)
+    for key, groups in (("notes", ((extraction or {}).get("patient_secrets") or {}).get("groups")),
+                        ("repetitions", ((extraction or {}).get("secrets") or {}).get("groups"))):
+        if privacy == "dp" and groups:  # a patient's k notes, or r copies of one canary: a group
+            patient_epsilons(groups, dp, warn, key=key)
+    if patient_rows:
+        field = extraction["patient_secrets"]["field"]
+        patient_rows = [{"model": model.name, "field": field, **row} for row in patient_rows]
+    raw_checks = model.checks if isinstance(model.checks, Mapping) else None
+    verdict = assess(bounds=bounds, claim=claim, learned=utility["learned"], ceiling=max(found.values(), default=None),
+                     checks=raw_checks, record=record)
+    if not bounds and error is None and privacy != "unknown":
+        warn("no canary bounds (results/*.json has no canaries split): the DP claim could not be tested")
+    if utility["initial_train_loss"] is None and privacy != "unknown" and log:
+        warn("no step-0 evaluation in train_log.jsonl: whether the model learned is unknown")
+    entry = {"name": model.name, "error": error, "privacy": privacy, "dp": dp, "utility": utility,
+             "train_checks": checks, "attacks": attacks, "canary_attacks": canary_attacks,
+             "audit": _audit(bounds, verdict, found), "extraction": extraction, "verdict": verdict.to_dict(),
+             "multi_run": _multi_run(model.multi_run, warn), "warnings": warnings}
+    bound_rows = [{"model": model.name, "attack": a, "method": b.method, "sound": b.sound, "epsilon": b.epsilon,
+                   "delta": b.delta, "significance": b.significance, "num_canaries": b.num_canaries,
+                   "num_guesses": b.num_guesses, "num_correct": b.num_correct,
+                   "strategy": (b.strategy or {}).get("name") if isinstance(b.strategy, Mapping) else None}
+                  for a, b in bounds]
+    return jsonable(entry), warnings, roc, ext_rows, patient_rows, bound_rows

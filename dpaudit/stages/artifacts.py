@@ -1,0 +1,198 @@
+"""Typed artifacts of a run directory: each read and written through its domain type's codec.
+
+:mod:`dpaudit.rundir` knows the layout and writes atomically; here the stages turn files into
+objects and back: the DP record (:class:`dpaudit.accounting.DpRecord`), a trainer's record
+(:class:`dpaudit.train.TrainingRecord`), the data split, the canaries
+(:class:`dpaudit.canaries.Canary`), the tokenizer, and the manifest. Every artifact has one
+reader and one writer, and the writer's output read back is the object written (the codec
+round trip, tested over every artifact).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
+from datetime import datetime, timezone
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+from dpaudit.accounting import DpRecord
+from dpaudit.errors import InputError
+from dpaudit.rundir import (
+    DP_EVENT,
+    SCHEMA_VERSION,
+    TRAIN_CHECKS,
+    TRAIN_LOG,
+    ModelDir,
+    RunDir,
+    read_json,
+    write_json_atomic,
+    write_jsonl_atomic,
+)
+
+PACKAGES = ("dpaudit", "torch", "transformers", "datasets", "tokenizers", "dp-accounting", "numpy", "scipy", "peft", "opacus")
+
+
+# --------------------------------------------------------------------------- the DP record and the trainer's record
+
+
+def read_dp_record(model_dir: ModelDir | str | Path) -> DpRecord | None:
+    """The model's :class:`DpRecord` (``dp_event.json``), or None when its trainer wrote none:
+    then nothing is known about its privacy. A malformed file is an :class:`InputError`."""
+    path = Path(model_dir.root if isinstance(model_dir, ModelDir) else model_dir) / DP_EVENT
+    if not path.is_file():
+        return None
+    try:
+        return DpRecord.from_dict(read_json(path))
+    except InputError as err:
+        raise InputError(f"{path}: {err}") from None
+
+
+def write_dp_record(directory: str | Path, record: DpRecord) -> None:
+    write_json_atomic(Path(directory) / DP_EVENT, record.to_dict())
+
+
+def write_training(directory: str | Path, record) -> None:
+    """A :class:`~dpaudit.train.TrainingRecord` into a model's directory: ``train_log.jsonl``,
+    ``train_checks.json`` and ``dp_event.json``, each when the trainer filled it."""
+    directory = Path(directory)
+    if record.log:
+        write_jsonl_atomic(directory / TRAIN_LOG, record.log)
+    if record.checks is not None:
+        write_json_atomic(directory / TRAIN_CHECKS, record.checks)
+    if record.dp is not None:
+        write_dp_record(directory, record.dp)
+
+
+# --------------------------------------------------------------------------- the prepared data
+
+
+def save_split(split: dict, path: str | os.PathLike) -> Path:
+    """Write a split (:func:`dpaudit.data.corpus.split_by_unit`) as JSON, atomically."""
+    from dpaudit.data.corpus import SPLIT_SCHEMA_VERSION
+
+    path = Path(path)
+    write_json_atomic(path, {"schema_version": SPLIT_SCHEMA_VERSION, **split})
+    return path
+
+
+def load_split(path: str | os.PathLike) -> dict:
+    """Read a split written by :func:`save_split`."""
+    from dpaudit.data.corpus import check_split
+
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"split file not found: {path}")
+    return check_split(read_json(path), origin=f"split file {path}")
+
+
+def save_canaries(canaries: list, path: str | os.PathLike, *, spec: dict | str | None = None) -> Path:
+    """Write canaries (and optionally their spec) as JSON, atomically
+    (:func:`dpaudit.canaries.canaries_to_dict`)."""
+    from dpaudit.canaries import canaries_to_dict
+
+    path = Path(path)
+    write_json_atomic(path, canaries_to_dict(canaries, spec=spec))
+    return path
+
+
+def load_canaries(path: str | os.PathLike) -> tuple[list, dict | None]:
+    """``(canaries, spec or None)`` of a file written by :func:`save_canaries`."""
+    from dpaudit.canaries import canaries_from_dict
+
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"canary file not found: {path}")
+    return canaries_from_dict(read_json(path), origin=f"canary file {path}")
+
+
+def write_data(directory: Path, *, split: dict, candidates: list[dict], public: list[dict], canaries: list,
+               spec: dict, tokenizer, secrets: list | None = None, secret_spec: dict | None = None) -> None:
+    """The prepare stage's files, into the staging ``directory`` of :attr:`RunDir.data_dir`."""
+    save_split(split, directory / "split.json")
+    write_jsonl_atomic(directory / "candidates.jsonl", candidates)
+    if public:
+        write_jsonl_atomic(directory / "public.jsonl", public)
+    if secrets:
+        save_canaries(secrets, directory / "secrets.json", spec=secret_spec)
+    tokenizer.save_pretrained(directory / "tokenizer")
+    save_canaries(canaries, directory / "canaries.json", spec=spec)  # last: marks data/ complete
+
+
+def read_split(rundir: RunDir) -> dict:
+    return load_split(rundir.data_dir / "split.json")
+
+
+def read_canaries(rundir: RunDir) -> list:
+    """The run's canaries as :class:`dpaudit.canaries.Canary` objects."""
+    return load_canaries(rundir.data_dir / "canaries.json")[0]
+
+
+def read_secrets(rundir: RunDir) -> tuple[list, dict | None]:
+    """The secret canaries (``canaries.secrets``, in ``data/secrets.json``) and their spec;
+    ``([], None)`` for a run without them."""
+    return load_canaries(rundir.secrets_path) if rundir.secrets_path.is_file() else ([], None)
+
+
+def read_tokenizer(rundir: RunDir):
+    from dpaudit.data.tokenizer import load_tokenizer
+
+    return load_tokenizer(rundir.tokenizer_dir)
+
+
+# --------------------------------------------------------------------------- the manifest
+
+
+def manifest(*, seeds: dict[str, int], command: list[str] | None = None) -> dict[str, Any]:
+    """Package versions, seeds, the source's git commit where available, and the hardware."""
+    versions = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = version(name)
+        except PackageNotFoundError:
+            versions[name] = None
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "command": command if command is not None else sys.argv,
+        "python": platform.python_version(),
+        "packages": versions,
+        "git_commit": _git_commit(),
+        "seeds": seeds,
+        "hardware": _hardware(),
+    }
+
+
+def write_manifest(rundir: RunDir, *, seeds: dict[str, int], command: list[str] | None = None) -> None:
+    rundir.write_manifest(manifest(seeds=seeds, command=command))
+
+
+def _git_commit() -> str | None:
+    source = Path(__file__).resolve().parent
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=source, capture_output=True, text=True, timeout=5, check=True
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def _hardware() -> dict[str, Any]:
+    import torch
+
+    info: dict[str, Any] = {
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        # the kernels torch dispatches to (e.g. AVX2, AVX512): CPU results are the same to the bit only at equal ones
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "cuda": torch.cuda.is_available(),
+    }
+    if torch.cuda.is_available():
+        info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    return info
