@@ -73,7 +73,8 @@ from dpaudit.audit.metrics import (
     roc_curve,
     tpr_at_fpr,
 )
-from dpaudit.audit.registry import BoundSpec, available_bounds, get_bound, register_bound
+from dpaudit.audit.catalog import available_bounds, get_bound
+from dpaudit.audit.registry import BoundSpec, register_bound
 from dpaudit.audit.strategy import (
     DEFAULT_FPR_GRID,
     DEFAULT_GUESS_FRACTIONS,

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -37,7 +37,8 @@ import numpy as np
 from dpaudit.audit import bounds as _b
 from dpaudit.audit import metrics as _m
 from dpaudit.audit._validation import as_fpr, as_scores
-from dpaudit.audit.registry import BoundSpec, available_bounds, get_bound
+from dpaudit.audit.catalog import METHODS, available_bounds, get_bound
+from dpaudit.audit.registry import BoundSpec
 from dpaudit.audit.strategy import (
     DEFAULT_FPR_GRID,
     DEFAULT_GUESS_FRACTIONS,
@@ -58,29 +59,6 @@ __all__ = ["CanaryScores", "BoundResult", "AuditReport", "METHODS", "DEFAULT_FPR
 
 #: FPR levels reported by :meth:`CanaryScores.audit`.
 DEFAULT_FPRS: tuple[float, ...] = (0.1, 0.01, 0.001)
-
-class _Methods(Mapping):
-    """Read-only view of the bound registry: method name -> (paper, family), sorted by name."""
-
-    def __getitem__(self, name: str) -> tuple[str, str]:
-        if name not in available_bounds():
-            raise KeyError(name)
-        spec = get_bound(name)
-        return spec.paper, spec.family
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(available_bounds())
-
-    def __len__(self) -> int:
-        return len(available_bounds())
-
-    def __repr__(self) -> str:
-        return f"METHODS({dict(self)!r})"
-
-
-#: method name -> (paper, family), derived from :mod:`dpaudit.audit.registry` (live).
-METHODS: Mapping[str, tuple[str, str]] = _Methods()
-
 
 #: Sound tests that are not functions of counts alone (so not in the registry): method -> (paper, arXiv id).
 UNREGISTERED_METHODS: dict[str, tuple[str, str]] = {

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from dpaudit.audit import bounds as _b
-from dpaudit.audit.registry import get_bound
+from dpaudit.audit.catalog import get_bound
 from dpaudit.audit.strategy import (
     DEFAULT_FPR_GRID,
     DEFAULT_GUESS_FRACTIONS,
