@@ -47,7 +47,8 @@ from dpaudit.audit.bounds import (
     mu_one_run_fdp,
     one_run_p_value,
 )
-from dpaudit.audit.canary_scores import AuditReport, BoundResult, CanaryScores
+from dpaudit.audit.canary_scores import CanaryScores
+from dpaudit.audit.catalog import available_bounds, get_bound
 from dpaudit.audit.ceilings import (
     CeilingRow,
     ceiling_table,
@@ -73,8 +74,8 @@ from dpaudit.audit.metrics import (
     roc_curve,
     tpr_at_fpr,
 )
-from dpaudit.audit.catalog import available_bounds, get_bound
 from dpaudit.audit.registry import BoundSpec, register_bound
+from dpaudit.audit.results import AuditReport, BoundResult
 from dpaudit.audit.strategy import (
     DEFAULT_FPR_GRID,
     DEFAULT_GUESS_FRACTIONS,
