@@ -34,17 +34,11 @@ from numbers import Real
 
 import numpy as np
 
-from dpaudit.audit import bounds as _b
-from dpaudit.audit.canary_scores import BoundResult, CanaryScores, _Ranked
-from dpaudit.audit.strategy import (
-    DEFAULT_GUESS_FRACTIONS,
-    DEFAULT_SPLIT_GUESS_FRACTIONS,
-    DEFAULT_STRATEGY,
-    BonferroniStrategy,
-    SplitStrategy,
-    distinct_guess_pairs,
-    one_run_guess_counts,
-)
+import dpaudit.audit.bounds as _b
+from dpaudit.audit.canary_scores import CanaryScores
+from dpaudit.audit.results import BoundResult
+from dpaudit.audit.selection import select_guesses
+from dpaudit.audit.strategy import DEFAULT_STRATEGY
 from dpaudit.errors import InputError
 
 __all__ = [
@@ -357,6 +351,11 @@ def _check_positive(name: str, value, *, upper: float | None = None) -> float:
     return value
 
 
+def _mu_proxy(m: int, r: int, v: int, significance: float) -> float:
+    """The split's chooser: the Gaussian f-DP mu bound, a fast proxy for the curve test."""
+    return _b.mu_one_run_fdp(num_canaries=m, num_guesses=r, num_correct=v, significance=significance)
+
+
 def claimed_curve_bound(
     scores: CanaryScores,
     *,
@@ -405,19 +404,10 @@ def claimed_curve_bound(
     significance = _b._check_significance(significance)
     strategy = DEFAULT_STRATEGY if strategy is None else strategy
 
-    scores_all, member, keys = scores._pooled()
-    if isinstance(strategy, BonferroniStrategy):
-        ranked = _Ranked(scores_all, member, keys)
-        pairs = distinct_guess_pairs(strategy.grid or DEFAULT_GUESS_FRACTIONS, ranked.m)
-        per_test = significance / len(pairs)
-        extra: dict = {"num_candidates": len(pairs)}
-    elif isinstance(strategy, SplitStrategy):
-        ranked, pairs, extra = _split_choice(strategy, scores_all, member, keys, significance)
-        per_test = significance
-    else:
-        raise InputError(f"strategy must be a BonferroniStrategy or a SplitStrategy, got {strategy!r}")
-    m = ranked.m
-    counts = [(kp, km, ranked.correct(kp, km)) for kp, km in pairs]
+    sel = select_guesses(strategy, in_scores=scores.in_scores, out_scores=scores.out_scores,
+                         tie_break_seed=scores.seed, significance=significance, chooser=_mu_proxy, chooser_name="mu")
+    m, per_test = sel.ranking.m, sel.significance_per_test
+    counts = [(kp, km, sel.ranking.correct(kp, km)) for kp, km in sel.pairs]
 
     def rejecting(blow_up_inverse) -> list[int]:
         return [j for j, (kp, km, v) in enumerate(counts) if _b._fdp_rejects_with(m, kp + km, v, blow_up_inverse, per_test)]
@@ -501,7 +491,7 @@ def claimed_curve_bound(
         "k_plus": kp,
         "k_minus": km,
         "significance_per_test": per_test,
-        **extra,
+        **sel.details,
         "candidates": [
             {"k_plus": a, "k_minus": b, "num_correct": c, "rejects_claim": i in claim_rej}
             for i, (a, b, c) in enumerate(counts)
@@ -519,36 +509,3 @@ def _curve_epsilon(curve: TradeOffCurve, delta: float) -> float:
     """Smallest grid eps with delta(eps) <= delta (inf if none): a cheap stop for the descent."""
     ok = curve.deltas <= delta
     return float(curve.epsilons[np.argmax(ok)]) if ok.any() else math.inf
-
-
-def _split_choice(strategy: SplitStrategy, scores, member, keys, significance):
-    """Choose (k+, k-) on the choosing part of a split; return the evaluating part's ranking."""
-    m_all = scores.size
-    n_sel = round(strategy.fraction * m_all)
-    if not 1 <= n_sel <= m_all - 1:
-        raise InputError(f"a {strategy.fraction} split of {m_all} canaries leaves a part empty")
-    perm = np.random.default_rng(strategy.seed).permutation(m_all)
-    sel, ev = perm[:n_sel], perm[n_sel:]
-    ranked_sel = _Ranked(scores[sel], member[sel], keys[sel])
-    ranked_ev = _Ranked(scores[ev], member[ev], keys[ev])
-    tried = []
-    for cand in strategy.grid or DEFAULT_SPLIT_GUESS_FRACTIONS:
-        kp, km = one_run_guess_counts(cand, ranked_sel.m)
-        if kp + km == 0:
-            continue
-        vs = ranked_sel.correct(kp, km)
-        mu = _b.mu_one_run_fdp(num_canaries=ranked_sel.m, num_guesses=kp + km, num_correct=vs,
-                               significance=significance)
-        tried.append((mu, vs / (kp + km), cand))
-    if not tried:
-        raise InputError("no split candidate makes at least one guess")
-    mu_sel, _, cand = max(tried, key=lambda t: (t[0], t[1]))
-    kp, km = one_run_guess_counts(cand, ranked_ev.m)
-    if kp + km == 0:
-        kp = 1
-    extra = {
-        "chosen_candidate": list(cand) if isinstance(cand, tuple) else cand,
-        "selection_mu": mu_sel,
-        "selection_num_canaries": ranked_sel.m,
-    }
-    return ranked_ev, [(kp, km)], extra
