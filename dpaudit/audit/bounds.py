@@ -35,7 +35,6 @@ from scipy import optimize, special, stats
 
 from dpaudit.audit._validation import (
     _check_confusion,
-    _check_count,
     _check_delta,
     _check_one_run_counts,
     _check_significance,
