@@ -56,13 +56,7 @@ from dpaudit.audit.ceilings import (
     format_ceiling_table,
     one_run_ceiling,
 )
-from dpaudit.audit.claimed_curve import (
-    TradeOffCurve,
-    claimed_curve_bound,
-    claimed_curve_rejects,
-    claimed_tradeoff_curve,
-    tradeoff_curve_from_profile,
-)
+from dpaudit.audit.claimed_curve import claimed_curve_bound, claimed_curve_rejects
 from dpaudit.audit.metrics import (
     ConfidenceInterval,
     RocCurve,
@@ -84,6 +78,7 @@ from dpaudit.audit.strategy import (
     SplitStrategy,
     Strategy,
 )
+from dpaudit.audit.tradeoff import TradeOffCurve, claimed_tradeoff_curve, tradeoff_curve_from_profile
 from dpaudit.audit.two_sample import (
     TwoSampleBound,
     gaussian_mu_estimate,
