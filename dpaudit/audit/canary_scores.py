@@ -21,8 +21,10 @@ Two kinds of bound, two kinds of data (the caller knows which one they have):
   ("out"); ties are broken by seeded random keys, never by which array a score came from.
 
 How the threshold or (k+, k-) is chosen is an explicit :mod:`~dpaudit.audit.strategy`
-(default: :class:`~dpaudit.audit.strategy.BonferroniStrategy` over a small grid); the
-uncorrected maximum over thresholds is never reported.
+(default: :class:`~dpaudit.audit.strategy.BonferroniStrategy` over a small grid), applied
+by :mod:`~dpaudit.audit.selection`; the uncorrected maximum over thresholds is never
+reported. Results are :class:`~dpaudit.audit.results.BoundResult` and
+:class:`~dpaudit.audit.results.AuditReport`.
 """
 
 from __future__ import annotations

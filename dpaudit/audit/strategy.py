@@ -1,4 +1,5 @@
-"""How the threshold (or the guess counts k+, k-) of a bound is chosen: explicit strategies.
+"""How the threshold (or the guess counts k+, k-) of a bound is chosen: explicit strategies,
+frozen objects applied by :mod:`dpaudit.audit.selection`.
 
 A bound computed at a threshold that was picked on the very scores it is reported on
 is optimistic. dpaudit never reports the uncorrected maximum over thresholds; one of
