@@ -47,7 +47,8 @@ from dpaudit.audit.bounds import (
     mu_one_run_fdp,
     one_run_p_value,
 )
-from dpaudit.audit.canary_scores import AuditReport, BoundResult, CanaryScores
+from dpaudit.audit.canary_scores import CanaryScores
+from dpaudit.audit.catalog import available_bounds, get_bound
 from dpaudit.audit.ceilings import (
     CeilingRow,
     ceiling_table,
@@ -55,13 +56,7 @@ from dpaudit.audit.ceilings import (
     format_ceiling_table,
     one_run_ceiling,
 )
-from dpaudit.audit.claimed_curve import (
-    TradeOffCurve,
-    claimed_curve_bound,
-    claimed_curve_rejects,
-    claimed_tradeoff_curve,
-    tradeoff_curve_from_profile,
-)
+from dpaudit.audit.claimed_curve import claimed_curve_bound, claimed_curve_rejects
 from dpaudit.audit.metrics import (
     ConfidenceInterval,
     RocCurve,
@@ -73,7 +68,8 @@ from dpaudit.audit.metrics import (
     roc_curve,
     tpr_at_fpr,
 )
-from dpaudit.audit.registry import BoundSpec, available_bounds, get_bound, register_bound
+from dpaudit.audit.registry import BoundSpec, register_bound
+from dpaudit.audit.results import AuditReport, BoundResult
 from dpaudit.audit.strategy import (
     DEFAULT_FPR_GRID,
     DEFAULT_GUESS_FRACTIONS,
@@ -82,6 +78,7 @@ from dpaudit.audit.strategy import (
     SplitStrategy,
     Strategy,
 )
+from dpaudit.audit.tradeoff import TradeOffCurve, claimed_tradeoff_curve, tradeoff_curve_from_profile
 from dpaudit.audit.two_sample import (
     TwoSampleBound,
     gaussian_mu_estimate,

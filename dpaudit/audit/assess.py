@@ -31,12 +31,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dpaudit.audit.canary_scores import BoundResult
-from dpaudit.audit.strategy import BonferroniStrategy, SplitStrategy
+from dpaudit.audit.results import BoundResult
+from dpaudit.audit.strategy import strategy_from_dict
 from dpaudit.audit.verdict import Status, Verdict, decide
 from dpaudit.errors import InputError
 
-__all__ = ["Claim", "accounting_mismatch", "assess", "ceilings", "strategy_from_dict"]
+__all__ = ["Claim", "accounting_mismatch", "assess", "ceilings"]
 
 
 @dataclass(frozen=True)
@@ -106,19 +106,6 @@ class Claim:
     def claimed_epsilon(self) -> float | None:
         """The number :func:`decide` holds the bounds to (None: nothing is claimed)."""
         return None if self.kind == "unknown" else self.epsilon
-
-
-def strategy_from_dict(d: Any):
-    """The strategy of :meth:`Strategy.describe`'s dict (None when it is not one)."""
-    if not isinstance(d, Mapping):
-        return None
-    grid = d.get("grid")
-    grid = tuple(tuple(g) if isinstance(g, list) else g for g in grid) if isinstance(grid, list) else None
-    if d.get("name") == "split":
-        return SplitStrategy(fraction=float(d.get("fraction", 0.5)), seed=int(d.get("seed", 0)), grid=grid)
-    if d.get("name") == "bonferroni":
-        return BonferroniStrategy(grid=grid)
-    return None
 
 
 def ceilings(bounds: Sequence[tuple[str, BoundResult]], *, claim: Claim, num_canaries: int | None = None,

@@ -21,259 +21,33 @@ Two kinds of bound, two kinds of data (the caller knows which one they have):
   ("out"); ties are broken by seeded random keys, never by which array a score came from.
 
 How the threshold or (k+, k-) is chosen is an explicit :mod:`~dpaudit.audit.strategy`
-(default: :class:`~dpaudit.audit.strategy.BonferroniStrategy` over a small grid); the
-uncorrected maximum over thresholds is never reported.
+(default: :class:`~dpaudit.audit.strategy.BonferroniStrategy` over a small grid), applied
+by :mod:`~dpaudit.audit.selection`; the uncorrected maximum over thresholds is never
+reported. Results are :class:`~dpaudit.audit.results.BoundResult` and
+:class:`~dpaudit.audit.results.AuditReport`.
 """
 
 from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from dpaudit.audit import bounds as _b
-from dpaudit.audit import metrics as _m
-from dpaudit.audit._validation import as_fpr, as_scores
-from dpaudit.audit.registry import BoundSpec, available_bounds, get_bound
-from dpaudit.audit.strategy import (
-    DEFAULT_FPR_GRID,
-    DEFAULT_GUESS_FRACTIONS,
-    DEFAULT_SPLIT_FPR_GRID,
-    DEFAULT_SPLIT_GUESS_FRACTIONS,
-    DEFAULT_STRATEGY,
-    BonferroniStrategy,
-    SplitStrategy,
-    Strategy,
-    distinct_guess_pairs,
-    fpr_level_count,
-    one_run_guess_counts,
-)
+import dpaudit.audit.metrics as _m
+from dpaudit.audit._validation import _check_delta, _check_significance, as_fpr, as_scores
+from dpaudit.audit.catalog import METHODS, available_bounds, get_bound
+from dpaudit.audit.registry import BoundSpec
+from dpaudit.audit.results import AuditReport, BoundResult
+from dpaudit.audit.selection import select_guesses, select_threshold
+from dpaudit.audit.strategy import DEFAULT_STRATEGY, Strategy
 from dpaudit.errors import InputError
-from dpaudit.jsonable import jsonable
 
 __all__ = ["CanaryScores", "BoundResult", "AuditReport", "METHODS", "DEFAULT_FPRS"]
 
 #: FPR levels reported by :meth:`CanaryScores.audit`.
 DEFAULT_FPRS: tuple[float, ...] = (0.1, 0.01, 0.001)
-
-class _Methods(Mapping):
-    """Read-only view of the bound registry: method name -> (paper, family), sorted by name."""
-
-    def __getitem__(self, name: str) -> tuple[str, str]:
-        if name not in available_bounds():
-            raise KeyError(name)
-        spec = get_bound(name)
-        return spec.paper, spec.family
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(available_bounds())
-
-    def __len__(self) -> int:
-        return len(available_bounds())
-
-    def __repr__(self) -> str:
-        return f"METHODS({dict(self)!r})"
-
-
-#: method name -> (paper, family), derived from :mod:`dpaudit.audit.registry` (live).
-METHODS: Mapping[str, tuple[str, str]] = _Methods()
-
-
-#: Sound tests that are not functions of counts alone (so not in the registry): method -> (paper, arXiv id).
-UNREGISTERED_METHODS: dict[str, tuple[str, str]] = {
-    # the epsilon of the smallest-noise member of the claimed DP-SGD family (same q, T) that is rejected
-    "claimed_curve": ("Mahloujifar et al. 2024, claimed DP-SGD family", "2410.22235"),
-}
-
-
-def _spec_or_none(method: str) -> BoundSpec | None:
-    return get_bound(method) if method in available_bounds() else None
-
-
-@dataclass(frozen=True)
-class BoundResult:
-    """An epsilon lower bound with everything needed to read (and reproduce) it.
-
-    ``num_canaries`` is the m the bound was evaluated on (the evaluating part for a
-    split). ``num_guesses`` / ``num_correct`` are set for one-run bounds;
-    ``details`` holds k+ / k-, or the threshold and confusion counts, mu where it
-    applies, the per-test significance and the candidates tried.
-
-    ``sound`` (from the registry unless given) says whether ``epsilon`` is a lower bound
-    that holds for any (epsilon, delta)-DP mechanism; when False it is an estimate under
-    the method's assumption (a Gaussian trade-off curve for "one_run_fdp" and "gdp"),
-    and :meth:`summary` says so instead of "epsilon >=".
-    """
-
-    method: str
-    epsilon: float
-    delta: float
-    significance: float
-    num_canaries: int
-    num_guesses: int | None
-    num_correct: int | None
-    strategy: dict
-    details: dict = field(default_factory=dict)
-    sound: bool | None = None
-
-    def __post_init__(self):
-        if self.sound is None:
-            spec = _spec_or_none(self.method)
-            object.__setattr__(self, "sound", bool(spec.sound) if spec is not None else False)
-        elif not isinstance(self.sound, bool | np.bool_):
-            raise InputError(f"sound must be True or False, got {self.sound!r}")
-        else:
-            object.__setattr__(self, "sound", bool(self.sound))
-
-    @property
-    def confidence(self) -> float:
-        return 1.0 - self.significance
-
-    @property
-    def paper(self) -> str:
-        spec = _spec_or_none(self.method)
-        return spec.paper if spec is not None else UNREGISTERED_METHODS.get(self.method, ("", None))[0]
-
-    @property
-    def arxiv(self) -> str | None:
-        spec = _spec_or_none(self.method)
-        return spec.arxiv if spec is not None else UNREGISTERED_METHODS.get(self.method, ("", None))[1]
-
-    def summary(self) -> str:
-        if self.sound:
-            head = (
-                f"{self.method} ({self.paper}): epsilon >= {self.epsilon:.3f} at delta={self.delta:g}, "
-                f"{self.confidence:.0%} confidence"
-            )
-        else:
-            spec = _spec_or_none(self.method)
-            assumes = (spec.assumes if spec is not None else None) or "the method's assumptions"
-            head = (
-                f"{self.method} ({self.paper}): epsilon estimate {self.epsilon:.3f} at delta={self.delta:g} "
-                f"under {assumes} (not a sound lower bound)"
-            )
-        d = self.details
-        if self.num_guesses is not None:
-            body = (
-                f"m={self.num_canaries}, {self.num_guesses} guesses "
-                f"(k+={d.get('k_plus')}, k-={d.get('k_minus')}), {self.num_correct} correct"
-            )
-        else:
-            thr = d.get("threshold")
-            body = (
-                f"n={self.num_canaries}, threshold "
-                f"{'-inf' if thr is None else format(thr, '.4g')}: "
-                f"TP={d.get('tp')} FP={d.get('fp')} TN={d.get('tn')} FN={d.get('fn')}"
-            )
-        if "mu" in d:
-            body += f", mu >= {d['mu']:.3f}"
-            if not self.sound:
-                body += f" ({self.confidence:.0%} confidence)"
-        strat = self.strategy.get("name")
-        if strat == "bonferroni":
-            body += f"; Bonferroni over {d.get('num_candidates')} candidates"
-        elif strat == "split":
-            body += f"; chosen on a {self.strategy.get('fraction'):g} split (seed {self.strategy.get('seed')})"
-        return f"{head}; {body}"
-
-    __str__ = summary
-
-    def to_dict(self) -> dict:
-        return jsonable(
-            {
-                "method": self.method,
-                "paper": self.paper,
-                "arxiv": self.arxiv,
-                "sound": self.sound,
-                "epsilon": self.epsilon,
-                "delta": self.delta,
-                "significance": self.significance,
-                "num_canaries": self.num_canaries,
-                "num_guesses": self.num_guesses,
-                "num_correct": self.num_correct,
-                "strategy": self.strategy,
-                "details": self.details,
-            }
-        )
-
-
-@dataclass(frozen=True)
-class AuditReport:
-    """Metrics and every registered bound of one :class:`CanaryScores`, frozen."""
-
-    num_members: int
-    num_nonmembers: int
-    auc: float
-    balanced_accuracy: float
-    tpr_at_fpr: tuple[_m.TprAtFpr, ...]
-    bounds: tuple[BoundResult, ...]
-    delta: float
-    significance: float
-    seed: int
-
-    def bound(self, method: str) -> BoundResult:
-        for b in self.bounds:
-            if b.method == method:
-                return b
-        raise KeyError(method)
-
-    def summary(self) -> str:
-        lines = [
-            f"canaries: {self.num_members} members, {self.num_nonmembers} non-members "
-            "(scores: higher = member)",
-            f"AUC: {self.auc:.4f}   best balanced accuracy: {self.balanced_accuracy:.4f}",
-        ]
-        lines += [f"  {t.summary()}" for t in self.tpr_at_fpr]
-        lines.append(
-            f"epsilon at delta={self.delta:g}, {1 - self.significance:.0%} confidence "
-            "(lower bounds, except the estimates marked as such):"
-        )
-        lines += [f"  {b.summary()}" for b in self.bounds]
-        return "\n".join(lines)
-
-    __str__ = summary
-
-    def to_dict(self) -> dict:
-        return jsonable(
-            {
-                "num_members": self.num_members,
-                "num_nonmembers": self.num_nonmembers,
-                "score_convention": "higher = member",
-                "auc": self.auc,
-                "balanced_accuracy": self.balanced_accuracy,
-                "tpr_at_fpr": [t.to_dict() for t in self.tpr_at_fpr],
-                "bounds": [b.to_dict() for b in self.bounds],
-                "delta": self.delta,
-                "significance": self.significance,
-                "seed": self.seed,
-            }
-        )
-
-    def to_dataframe(self):
-        """The bounds as a pandas DataFrame (pandas is imported only here)."""
-        import pandas as pd  # lazy: dpaudit.audit itself needs only NumPy and SciPy
-
-        rows = []
-        for b in self.bounds:
-            rows.append(
-                {
-                    "method": b.method,
-                    "sound": b.sound,
-                    "epsilon": b.epsilon,
-                    "mu": b.details.get("mu"),
-                    "delta": b.delta,
-                    "significance": b.significance,
-                    "num_canaries": b.num_canaries,
-                    "num_guesses": b.num_guesses,
-                    "num_correct": b.num_correct,
-                    "strategy": b.strategy.get("name"),
-                }
-            )
-        return pd.DataFrame(rows)
-
 
 # ---------------------------------------------------------------------------- object
 class CanaryScores:
@@ -462,186 +236,57 @@ class CanaryScores:
         return self.audit(**kwargs).to_dict()
 
     # ------------------------------------------------------------ one-run machinery
-    def _pooled(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        scores = np.concatenate([self._in, self._out])
-        member = np.r_[np.ones(self.num_members, bool), np.zeros(self.num_nonmembers, bool)]
-        keys = np.random.default_rng(np.random.SeedSequence(self._seed)).random(scores.size)
-        return scores, member, keys
-
     def _one_run_bound(self, spec: BoundSpec, delta, significance, strategy) -> BoundResult:
-        delta = _b._check_delta(delta)
-        significance = _b._check_significance(significance)
+        delta = _check_delta(delta)
+        significance = _check_significance(significance)
         strategy = DEFAULT_STRATEGY if strategy is None else strategy
 
-        def fn(m, r, v, sig):
-            return _one_run_eval(spec, m, r, v, delta, sig)
+        def evaluate(m, r, v, sig):
+            return spec.evaluate(num_canaries=m, num_guesses=r, num_correct=v, delta=delta, significance=sig)
 
-        scores, member, keys = self._pooled()
-        if isinstance(strategy, BonferroniStrategy):
-            grid = strategy.grid or DEFAULT_GUESS_FRACTIONS
-            ranked = _Ranked(scores, member, keys)
-            pairs = distinct_guess_pairs(grid, ranked.m)
-            per_test = significance / len(pairs)
-            tried = []
-            for kp, km in pairs:
-                v = ranked.correct(kp, km)
-                eps, extras = fn(ranked.m, kp + km, v, per_test)
-                tried.append({"k_plus": kp, "k_minus": km, "num_correct": v, "epsilon": eps, **extras})
-            best = max(tried, key=lambda t: (t["epsilon"], t["num_correct"] / (t["k_plus"] + t["k_minus"])))
-            details = {
-                "k_plus": best["k_plus"],
-                "k_minus": best["k_minus"],
-                "num_candidates": len(pairs),
-                "significance_per_test": per_test,
-                "candidates": tried,
-            }
-            m, r, v = ranked.m, best["k_plus"] + best["k_minus"], best["num_correct"]
-            eps = best["epsilon"]
-            extras = {k: x for k, x in best.items() if k not in ("k_plus", "k_minus", "num_correct", "epsilon")}
-        elif isinstance(strategy, SplitStrategy):
-            grid = strategy.grid or DEFAULT_SPLIT_GUESS_FRACTIONS
-            m_all = scores.size
-            n_sel = int(round(strategy.fraction * m_all))
-            if not 1 <= n_sel <= m_all - 1:
-                raise InputError(f"a {strategy.fraction} split of {m_all} canaries leaves a part empty")
-            perm = np.random.default_rng(strategy.seed).permutation(m_all)
-            sel, ev = perm[:n_sel], perm[n_sel:]
-            ranked_sel = _Ranked(scores[sel], member[sel], keys[sel])
-            ranked_ev = _Ranked(scores[ev], member[ev], keys[ev])
-            tried = []
-            for cand in grid:
-                kp, km = one_run_guess_counts(cand, ranked_sel.m)
-                if kp + km == 0:
-                    continue
-                vs = ranked_sel.correct(kp, km)
-                e_sel, _ = fn(ranked_sel.m, kp + km, vs, significance)
-                tried.append((e_sel, vs / (kp + km), cand))
-            if not tried:
-                raise InputError("no split candidate makes at least one guess")
-            e_sel, _, cand = max(tried, key=lambda t: (t[0], t[1]))
-            kp, km = one_run_guess_counts(cand, ranked_ev.m)
-            if kp + km == 0:
-                kp = 1
-            m, r, v = ranked_ev.m, kp + km, ranked_ev.correct(kp, km)
-            eps, extras = fn(m, r, v, significance)
-            details = {
-                "k_plus": kp,
-                "k_minus": km,
-                "chosen_candidate": list(cand) if isinstance(cand, tuple) else cand,
-                "selection_epsilon": e_sel,
-                "selection_num_canaries": ranked_sel.m,
-                "significance_per_test": significance,
-            }
-        else:
-            raise InputError(f"strategy must be a BonferroniStrategy or a SplitStrategy, got {strategy!r}")
+        sel = select_guesses(strategy, in_scores=self._in, out_scores=self._out, tie_break_seed=self._seed,
+                             significance=significance, chooser=lambda *a: evaluate(*a)[0], chooser_name="epsilon")
+        ranking, per_test = sel.ranking, sel.significance_per_test
+        tried = []
+        for kp, km in sel.pairs:
+            v = ranking.correct(kp, km)
+            eps, extras = evaluate(ranking.m, kp + km, v, per_test)
+            tried.append({"k_plus": kp, "k_minus": km, "num_correct": v, "epsilon": eps, **extras})
+        best = max(tried, key=lambda t: (t["epsilon"], t["num_correct"] / (t["k_plus"] + t["k_minus"])))
+        details = {"k_plus": best["k_plus"], "k_minus": best["k_minus"], **sel.details,
+                   "significance_per_test": per_test}
+        if sel.lists_candidates:
+            details["candidates"] = tried
         details["tie_break_seed"] = self._seed
-        details.update(extras)
+        details.update({k: x for k, x in best.items() if k not in ("k_plus", "k_minus", "num_correct", "epsilon")})
+        m, r, v = ranking.m, best["k_plus"] + best["k_minus"], best["num_correct"]
         return BoundResult(
-            spec.name, float(eps), delta, significance, int(m), int(r), int(v), strategy.describe(), details,
-            spec.sound,
+            spec.name, float(best["epsilon"]), delta, significance, int(m), int(r), int(v), strategy.describe(),
+            details, spec.sound,
         )
 
     # ---------------------------------------------------------- threshold machinery
     def _threshold_bound(self, spec: BoundSpec, delta, significance, strategy) -> BoundResult:
-        delta = _b._check_delta(delta)
-        significance = _b._check_significance(significance)
+        delta = _check_delta(delta)
+        significance = _check_significance(significance)
         strategy = DEFAULT_STRATEGY if strategy is None else strategy
-        if isinstance(strategy, BonferroniStrategy):
-            grid = strategy.grid or DEFAULT_FPR_GRID
-            js = sorted({fpr_level_count(a, self.num_nonmembers) for a in grid})
-            per_test = significance / len(js)
-            out_sorted = np.sort(self._out)
-            tried = [_order_stat_counts(self._in, out_sorted, j) for j in js]
-            for t in tried:
-                t.update(_threshold_eval(spec, t, delta, per_test))
-            best = max(tried, key=lambda t: t["epsilon"])
-            details = dict(best)
-            details.update(num_candidates=len(js), significance_per_test=per_test,
-                           candidates=[{k: t[k] for k in ("j", "threshold", "tp", "fn", "epsilon")} for t in tried])
-            n = self.num_canaries
-        elif isinstance(strategy, SplitStrategy):
-            grid = strategy.grid or DEFAULT_SPLIT_FPR_GRID
-            rng = np.random.default_rng(strategy.seed)
-            in_sel, in_ev = _split(rng, self._in, strategy.fraction, "in_scores")
-            out_sel, out_ev = _split(rng, self._out, strategy.fraction, "out_scores")
-            out_sel_sorted = np.sort(out_sel)
-            js = sorted({fpr_level_count(a, out_sel.size) for a in grid})
-            tried = [_order_stat_counts(in_sel, out_sel_sorted, j) for j in js]
-            for t in tried:
-                t.update(_threshold_eval(spec, t, delta, significance))
-            # Ties (often all 0 on weak signals) go to the largest TPR - FPR on the choosing part.
-            chosen = max(tried, key=lambda t: (t["epsilon"], t["tp"] / in_sel.size - t["fp"] / out_sel.size))
-            thr = chosen["threshold"]
-            thr_val = -math.inf if thr is None else thr
-            tp = int(np.sum(in_ev > thr_val))
-            fp = int(np.sum(out_ev > thr_val))
-            details = {"threshold": thr, "tp": tp, "fp": fp, "tn": int(out_ev.size - fp), "fn": int(in_ev.size - tp)}
-            details.update(_threshold_eval(spec, details, delta, significance))
-            details.update(selection_epsilon=chosen["epsilon"], selection_num_canaries=int(in_sel.size + out_sel.size),
-                           significance_per_test=significance)
-            n = int(in_ev.size + out_ev.size)
-        else:
-            raise InputError(f"strategy must be a BonferroniStrategy or a SplitStrategy, got {strategy!r}")
+
+        def evaluate(tp, fp, tn, fn, sig):
+            return spec.evaluate(tp=tp, fp=fp, tn=tn, fn=fn, delta=delta, significance=sig)
+
+        sel = select_threshold(strategy, in_scores=self._in, out_scores=self._out, significance=significance,
+                               chooser=lambda *a: evaluate(*a)[0], chooser_name="epsilon")
+        per_test = sel.significance_per_test
+        tried = []
+        for c in sel.candidates:
+            eps, extras = evaluate(c["tp"], c["fp"], c["tn"], c["fn"], per_test)
+            tried.append({**c, "epsilon": eps, **extras})
+        best = max(tried, key=lambda t: t["epsilon"])
+        details = {**best, **sel.details, "significance_per_test": per_test}
+        if sel.lists_candidates:
+            details["candidates"] = [{k: t[k] for k in ("j", "threshold", "tp", "fn", "epsilon")} for t in tried]
         eps = details.pop("epsilon")
         return BoundResult(
-            spec.name, float(eps), delta, significance, n, None, None, strategy.describe(), details, spec.sound
+            spec.name, float(eps), delta, significance, sel.num_canaries, None, None, strategy.describe(), details,
+            spec.sound,
         )
-
-
-def _one_run_eval(spec: BoundSpec, m: int, r: int, v: int, delta: float, sig: float) -> tuple[float, dict]:
-    """(epsilon, extras) of a registered one-run bound (extras: e.g. mu for the f-DP bound)."""
-    return spec.evaluate(num_canaries=m, num_guesses=r, num_correct=v, delta=delta, significance=sig)
-
-
-class _Ranked:
-    """Canaries sorted by (score, random tie key); O(1) correct-guess counts for any (k+, k-)."""
-
-    def __init__(self, scores, member, keys):
-        order = np.lexsort((keys, scores))  # ascending score; ties by the random key
-        self.m = int(scores.size)
-        self._cum_in = np.r_[0, np.cumsum(member[order])]  # members among the i lowest
-
-    def correct(self, k_plus: int, k_minus: int) -> int:
-        if k_plus + k_minus > self.m:
-            raise InputError(f"{k_plus} + {k_minus} guesses exceed m={self.m}")
-        total_in = self._cum_in[-1]
-        in_top = total_in - self._cum_in[self.m - k_plus]  # members among the k+ highest
-        out_bottom = k_minus - self._cum_in[k_minus]  # non-members among the k- lowest
-        return int(in_top + out_bottom)
-
-
-def _order_stat_counts(ins: np.ndarray, outs_sorted: np.ndarray, j: int) -> dict:
-    """Counts at the threshold letting j non-members through: t = (n-j)-th smallest out score.
-
-    "Member" iff score > t. FP is reported as the nominal j (the exact Clopper-Pearson
-    coverage argument uses the order statistic's rank; ties only lower the true FPR).
-    """
-    n_out = outs_sorted.size
-    if j >= n_out:
-        thr = -math.inf
-    else:
-        thr = float(outs_sorted[n_out - 1 - j])
-    tp = int(np.sum(ins > thr))
-    return {
-        "j": j,
-        "threshold": None if not math.isfinite(thr) else thr,
-        "tp": tp,
-        "fp": j,
-        "tn": int(n_out - j),
-        "fn": int(ins.size - tp),
-        "fp_observed": int(np.sum(outs_sorted > thr)),
-    }
-
-
-def _threshold_eval(spec: BoundSpec, c: dict, delta: float, significance: float) -> dict:
-    """{"epsilon": ..., **extras} of a registered threshold bound at the counts in ``c``."""
-    eps, extras = spec.evaluate(tp=c["tp"], fp=c["fp"], tn=c["tn"], fn=c["fn"], delta=delta, significance=significance)
-    return {"epsilon": eps, **extras}
-
-
-def _split(rng: np.random.Generator, arr: np.ndarray, fraction: float, name: str):
-    n_sel = int(round(fraction * arr.size))
-    if not 1 <= n_sel <= arr.size - 1:
-        raise InputError(f"a {fraction} split of {arr.size} {name} leaves a part empty; need more scores")
-    perm = rng.permutation(arr.size)
-    return arr[perm[:n_sel]], arr[perm[n_sel:]]

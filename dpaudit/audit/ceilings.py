@@ -15,20 +15,13 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from dpaudit.audit import bounds as _b
-from dpaudit.audit.registry import get_bound
-from dpaudit.audit.strategy import (
-    DEFAULT_FPR_GRID,
-    DEFAULT_GUESS_FRACTIONS,
-    DEFAULT_SPLIT_GUESS_FRACTIONS,
-    DEFAULT_STRATEGY,
-    BonferroniStrategy,
-    SplitStrategy,
-    Strategy,
-    distinct_guess_pairs,
-    fpr_level_count,
-    one_run_guess_counts,
-)
+import dpaudit.audit.bounds as _b
+from dpaudit.audit._validation import _check_count, _check_delta, _check_significance
+from dpaudit.audit.canary_scores import CanaryScores
+from dpaudit.audit.catalog import get_bound
+from dpaudit.audit.claimed_curve import claimed_curve_bound
+from dpaudit.audit.selection import possible_guess_pairs
+from dpaudit.audit.strategy import DEFAULT_FPR_GRID, DEFAULT_STRATEGY, Strategy, fpr_level_count
 from dpaudit.errors import InputError
 
 __all__ = ["CeilingRow", "ceiling_table", "claimed_curve_ceiling", "format_ceiling_table", "one_run_ceiling"]
@@ -102,31 +95,13 @@ def one_run_ceiling(
     spec = get_bound(method)
     if spec.family != "one_run":
         raise InputError(f"{method!r} is a {spec.family} bound; one_run_ceiling needs a one-run bound")
-    m = _b._check_count("num_canaries", num_canaries)
+    m = _check_count("num_canaries", num_canaries)
     if m < 1:
         raise InputError("num_canaries must be at least 1")
-    delta = _b._check_delta(delta)
-    significance = _b._check_significance(significance)
+    delta = _check_delta(delta)
+    significance = _check_significance(significance)
     strategy = DEFAULT_STRATEGY if strategy is None else strategy
-    if isinstance(strategy, BonferroniStrategy):
-        pairs = distinct_guess_pairs(strategy.grid or DEFAULT_GUESS_FRACTIONS, m)
-        per_test = significance / len(pairs)
-    elif isinstance(strategy, SplitStrategy):
-        m_sel = int(round(strategy.fraction * m))
-        if not 1 <= m_sel <= m - 1:
-            raise InputError(f"a {strategy.fraction} split of {m} canaries leaves a part empty")
-        m = m - m_sel
-        pairs = []
-        for cand in strategy.grid or DEFAULT_SPLIT_GUESS_FRACTIONS:
-            if sum(one_run_guess_counts(cand, m_sel)) == 0:
-                continue  # never chosen: it makes no guess on the choosing part
-            kp, km = one_run_guess_counts(cand, m)
-            pairs.append((kp, km) if kp + km > 0 else (1, 0))  # as CanaryScores: at least one guess
-        if not pairs:
-            raise InputError("no split candidate makes at least one guess")
-        per_test = significance
-    else:
-        raise InputError(f"strategy must be a BonferroniStrategy or a SplitStrategy, got {strategy!r}")
+    m, pairs, per_test = possible_guess_pairs(strategy, num_canaries=m, significance=significance)
     return max(
         spec.evaluate(num_canaries=m, num_guesses=kp + km, num_correct=kp + km, delta=delta, significance=per_test)[0]
         for kp, km in pairs
@@ -195,10 +170,7 @@ def claimed_curve_ceiling(
     """The largest epsilon-equivalent the claimed-curve test
     (:func:`dpaudit.audit.claimed_curve_bound`) can report for m canaries: its result on
     perfectly separated, balanced scores (every guess right), with the same strategy."""
-    from dpaudit.audit.canary_scores import CanaryScores
-    from dpaudit.audit.claimed_curve import claimed_curve_bound
-
-    m = _b._check_count("num_canaries", num_canaries)
+    m = _check_count("num_canaries", num_canaries)
     if m < 2:
         raise InputError("num_canaries must be at least 2")
     n_in = (m + 1) // 2

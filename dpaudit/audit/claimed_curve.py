@@ -2,9 +2,7 @@
 
 The accountant's DpEvent knows a whole privacy profile delta(eps), eps >= 0, and so a
 trade-off curve f (Dong, Roth, Su 2019, "Gaussian Differential Privacy",
-arXiv 1905.02383, Prop. 2.12: a mechanism that is (eps, delta(eps))-DP for every eps is
-f-DP with f = sup_eps f_{eps, delta(eps)}, where
-f_{eps, delta}(x) = max(0, 1 - delta - e^eps x, e^-eps (1 - delta - x))). The one-run
+arXiv 1905.02383, Prop. 2.12; built in :mod:`dpaudit.audit.tradeoff`). The one-run
 f-DP analysis of Mahloujifar, Melis, Chaudhuri, "Auditing f-Differential Privacy in One
 Run" (ICML 2025, arXiv 2410.22235) holds for any trade-off function, so the observed
 guesses (m canaries, each in with probability 1/2; r guesses, v correct) can be tested
@@ -12,38 +10,39 @@ against the claimed f itself: a sound test of the claim, and more powerful than 
 one (epsilon, delta) point of it (which is what :func:`~dpaudit.audit.epsilon_one_run`
 does).
 
-* :func:`claimed_tradeoff_curve` -- the curve of a DpEvent from ``dp_accounting``'s PLD
-  (pessimistic estimate, add-or-remove adjacency), as a :class:`TradeOffCurve`.
-* :func:`tradeoff_curve_from_profile` -- the curve of any finite privacy profile.
 * :func:`claimed_curve_rejects` -- whether counts reject a curve at a significance.
 * :func:`claimed_curve_bound` -- the test on a :class:`CanaryScores`, for the DP-SGD family
   (noise multiplier sigma, Poisson rate q, T steps), with a strategy for (k+, k-) and an
   epsilon-equivalent.
 
-``dp_accounting`` is imported only when a curve is built from an event: importing
-:mod:`dpaudit.audit` stays NumPy and SciPy only.
+The curves (:class:`TradeOffCurve`, :func:`claimed_tradeoff_curve`,
+:func:`tradeoff_curve_from_profile`) live in :mod:`dpaudit.audit.tradeoff` and are
+importable from here too.
 """
 
 from __future__ import annotations
 
-import bisect
 import functools
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from numbers import Real
 
 import numpy as np
 
-from dpaudit.audit import bounds as _b
-from dpaudit.audit.canary_scores import BoundResult, CanaryScores, _Ranked
-from dpaudit.audit.strategy import (
-    DEFAULT_GUESS_FRACTIONS,
-    DEFAULT_SPLIT_GUESS_FRACTIONS,
-    DEFAULT_STRATEGY,
-    BonferroniStrategy,
-    SplitStrategy,
-    distinct_guess_pairs,
-    one_run_guess_counts,
+from dpaudit.audit._validation import _check_delta, _check_one_run_counts, _check_significance
+from dpaudit.audit.bounds import _fdp_rejects_with, mu_one_run_fdp
+from dpaudit.audit.canary_scores import CanaryScores
+from dpaudit.audit.results import BoundResult
+from dpaudit.audit.selection import select_guesses
+from dpaudit.audit.strategy import DEFAULT_STRATEGY
+from dpaudit.audit.tradeoff import (
+    CURVE_DISCRETIZATION,
+    TradeOffCurve,
+    _as_blow_up_inverse,
+    _dpsgd_curve,
+    claimed_tradeoff_curve,
+    tradeoff_curve_from_profile,
 )
 from dpaudit.errors import InputError
 
@@ -55,31 +54,6 @@ __all__ = [
     "tradeoff_curve_from_profile",
 ]
 
-#: PLD value discretisation used for the curves (coarser than the accountant's 1e-4
-#: default: about 8x faster, and the curve moves by less than 1e-6; still pessimistic).
-CURVE_DISCRETIZATION = 1e-3
-
-# The epsilon grid of a curve: step 0.0025 up to 5, 0.01 up to 30, then coarser (the
-# curve's gap to the true one is second order in the step).
-_EPS_GRID = np.unique(
-    np.concatenate(
-        [
-            np.arange(0.0, 5.0, 0.0025),
-            np.arange(5.0, 30.0, 0.01),
-            np.arange(30.0, 60.0, 0.02),
-            np.arange(60.0, 200.0, 0.05),
-            np.arange(200.0, 700.0, 0.25),
-            [700.0],
-        ]
-    )
-)
-_COARSE_EPS_GRID = np.array([0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 700.0])
-# Added to every delta: covers rounding in dp_accounting's sums of ~1e5 probabilities,
-# so that floating point cannot lift a line above the true curve.
-_DELTA_SLACK = 1e-14
-# e^eps overflows past ~709 (here and inside dp_accounting): the grid stops at 700.
-_MAX_STEEP_EPS = 700.0
-
 # Search over sigma' for the epsilon-equivalent: sigma' = sigma * 2^u on a dyadic lattice
 # of u (so that curves are shared across calls through the cache), to 2^-10 in u
 # (sigma' to a relative 7e-4).
@@ -87,212 +61,6 @@ _U_RESOLUTION = 2.0**-10
 _SIGMA_MAX = 1e3  # "nearly perfect privacy": not rejected there -> report 0
 _SIGMA_MIN = 1e-2
 _EPS_DESCENT_CAP = 200.0  # stop lowering sigma' once its curve's epsilon exceeds this
-
-
-# ------------------------------------------------------------------------ the curve
-class TradeOffCurve:
-    """A symmetric trade-off function f, the upper envelope of (eps_i, delta_i) curves.
-
-    f(x) = max(0, max_i max(1 - delta_i - e^eps_i x, e^-eps_i (1 - delta_i - x))),
-
-    a convex, non-increasing, piecewise-linear function on [0, 1] with f(x) <= 1 - x
-    (Dong, Roth, Su 2019, Prop. 2.12 with a finite set of eps). A mechanism that is
-    (eps_i, delta_i)-DP for every i is f-DP. The envelope is kept as its upper hull, so
-    one evaluation is a binary search; every value returned is the value of one of the
-    lines (each a valid lower bound), computed in a cancellation-free form.
-
-    ``curve(x)`` is f(x) (vectorised); :meth:`blow_up_inverse` is
-    B^-1(y) = f(1 - y), the function of the recursion of Mahloujifar et al. 2025.
-    """
-
-    def __init__(self, epsilons: np.ndarray, deltas: np.ndarray):
-        eps = np.asarray(epsilons, dtype=float)
-        dl = np.asarray(deltas, dtype=float)
-        self._epsilons = eps.copy()
-        self._deltas = dl.copy()
-        self._epsilons.setflags(write=False)
-        self._deltas.setflags(write=False)
-        # Lines in y = 1 - x:  value = p + s * (y - t)
-        #   steep (slope e^eps):   p = 1 - delta, t = 1       ( = 1 - delta - e^eps x )
-        #   flat  (slope e^-eps):  p = 0,         t = delta   ( = e^-eps (1 - delta - x) )
-        #   zero:                  p = 0, s = 0, t = 0
-        keep = dl < 1.0
-        eps, dl = eps[keep], dl[keep]
-        steep = eps <= _MAX_STEEP_EPS
-        with np.errstate(over="ignore", under="ignore"):
-            s = np.concatenate([np.exp(eps[steep]), np.exp(-eps), [0.0]])
-        p = np.concatenate([1.0 - dl[steep], np.zeros(eps.size), [0.0]])
-        t = np.concatenate([np.ones(int(steep.sum())), dl, [0.0]])
-        intercept = p - s * t
-        self._p, self._s, self._t, self._breaks = _upper_hull(s, intercept, p, t)
-        self._p_list, self._s_list, self._t_list = self._p.tolist(), self._s.tolist(), self._t.tolist()
-        self._breaks_list = self._breaks.tolist()
-
-    @property
-    def epsilons(self) -> np.ndarray:
-        return self._epsilons
-
-    @property
-    def deltas(self) -> np.ndarray:
-        """The deltas the lines were built from (the profile, plus any slack added)."""
-        return self._deltas
-
-    @property
-    def num_segments(self) -> int:
-        return int(self._s.size)
-
-    def blow_up_inverse(self, y):
-        """B^-1(y) = f(1 - y), non-decreasing and convex in y in [0, 1] (vectorised)."""
-        y = np.clip(np.asarray(y, dtype=float), 0.0, 1.0)
-        k = np.searchsorted(self._breaks, y, side="right")
-        out = np.maximum(self._p[k] + self._s[k] * (y - self._t[k]), 0.0)
-        return float(out) if out.ndim == 0 else out
-
-    def __call__(self, x):
-        """f(x) for x in [0, 1] (vectorised); each line evaluated in its x form."""
-        x = np.clip(np.asarray(x, dtype=float), 0.0, 1.0)
-        k = np.searchsorted(self._breaks, 1.0 - x, side="right")
-        p, s, t = self._p[k], self._s[k], self._t[k]
-        # p + s (1 - x - t): steep lines (t = 1) as p - s x, the others as s ((1 - t) - x)
-        out = np.where(t == 1.0, p - s * x, p + s * ((1.0 - t) - x))
-        out = np.maximum(out, 0.0)
-        return float(out) if out.ndim == 0 else out
-
-    def _blow_up_inverse_scalar(self, y: float) -> float:
-        """:meth:`blow_up_inverse` for one float, in plain Python (the recursion's hot path)."""
-        k = bisect.bisect_right(self._breaks_list, y)
-        v = self._p_list[k] + self._s_list[k] * (y - self._t_list[k])
-        return max(v, 0.0)
-
-    def __repr__(self) -> str:
-        return f"TradeOffCurve({self._epsilons.size} (eps, delta) pairs, {self.num_segments} segments)"
-
-
-def _upper_hull(slope, intercept, p, t):
-    """Upper envelope on [0, 1] of the lines intercept + slope * y (convex-hull trick).
-
-    Returns the kept lines' (p, s, t), in order of increasing slope, and the breakpoints
-    between consecutive ones (one fewer): line k is on top on [breaks[k-1], breaks[k]].
-    Rounding in a breakpoint can only pick a slightly lower line near it, never a value
-    above the envelope: every line is a lower bound on its own.
-    """
-    order = np.lexsort((intercept, slope))  # by slope, then intercept
-    slope, intercept, p, t = slope[order], intercept[order], p[order], t[order]
-    last = np.r_[slope[1:] != slope[:-1], True]  # on equal slopes keep the largest intercept
-    slope, intercept, p, t = slope[last], intercept[last], p[last], t[last]
-    sl, ic, pl, steep = slope.tolist(), intercept.tolist(), p.tolist(), (t == 1.0).tolist()
-
-    def overtakes(i: int, j: int) -> float:
-        """Where line j (steeper) overtakes line i; steep pairs in the y - 1 coordinate."""
-        if steep[i] and steep[j]:  # p + s (y - 1): no cancellation of the large s
-            return 1.0 + (pl[i] - pl[j]) / (sl[j] - sl[i])
-        return (ic[i] - ic[j]) / (sl[j] - sl[i])
-
-    hull: list[int] = []
-    breaks: list[float] = []
-    for j in range(len(sl)):
-        x = 0.0
-        while hull:
-            x = overtakes(hull[-1], j)
-            if breaks and x <= breaks[-1]:  # before the top line is ever on top: it is useless
-                hull.pop()
-                breaks.pop()
-                continue
-            break
-        if hull:
-            breaks.append(x)
-        hull.append(j)
-    b = np.asarray(breaks, dtype=float)
-    first = int(np.searchsorted(b, 0.0, side="right"))  # lines on top only left of 0 go
-    stop = int(np.searchsorted(b, 1.0, side="right"))  # ... and those only right of 1
-    idx = np.asarray(hull[first : stop + 1], dtype=int)
-    return p[idx], slope[idx], t[idx], b[first:stop]
-
-
-def tradeoff_curve_from_profile(*, epsilons, deltas) -> TradeOffCurve:
-    """The trade-off curve of a finite privacy profile {(eps_i, delta_i)}.
-
-    Dong, Roth, Su 2019 (arXiv 1905.02383), Prop. 2.12: a mechanism that is
-    (eps_i, delta_i)-DP for every i is f-DP with
-    f = max_i f_{eps_i, delta_i}, f_{eps, delta}(x) = max(0, 1 - delta - e^eps x,
-    e^-eps (1 - delta - x)). With a finite set of eps the curve lies below the one of
-    the full profile, so a test against it stays sound.
-    """
-    eps = np.asarray(epsilons, dtype=float)
-    dl = np.asarray(deltas, dtype=float)
-    if eps.ndim != 1 or eps.size == 0 or eps.shape != dl.shape:
-        raise InputError(
-            f"epsilons and deltas must be non-empty 1-D arrays of one length, got shapes {eps.shape}, {dl.shape}"
-        )
-    if not np.all(np.isfinite(eps)) or np.any(eps < 0):
-        raise InputError("epsilons must be finite and >= 0")
-    if not np.all(np.isfinite(dl)) or np.any(dl < 0) or np.any(dl > 1):
-        raise InputError("deltas must be in [0, 1]")
-    return TradeOffCurve(eps, dl)
-
-
-def claimed_tradeoff_curve(event, *, value_discretization_interval: float = CURVE_DISCRETIZATION) -> TradeOffCurve:
-    """The claimed trade-off curve of a DpEvent (or its dict form), from ``dp_accounting``'s PLD.
-
-    The event is composed by ``dp_accounting.pld.PLDAccountant`` (add-or-remove-one
-    adjacency; every mechanism's PLD is built with ``pessimistic_estimate=True``, so its
-    hockey-stick divergences are upper bounds on the true deltas, for both the remove
-    and the add direction). Then, following Dong, Roth, Su 2019 (arXiv 1905.02383,
-    Prop. 2.12),
-
-        f(x) = max_i max(0, 1 - delta(eps_i) - e^eps_i x, e^-eps_i (1 - delta(eps_i) - x))
-
-    over a fixed grid of eps_i >= 0 (step 0.0025 up to 5, 0.01 up to 30, coarser beyond; the grid stops
-    where the PLD's support does). Using only finitely many eps, and pessimistic deltas
-    (plus 1e-14 for rounding), puts this curve BELOW the true trade-off curve of the
-    mechanism: the mechanism is f-DP for this f, and a test of the one-run guesses
-    against it (Mahloujifar, Melis, Chaudhuri 2025, arXiv 2410.22235) is sound. For one
-    Gaussian the curve is within about 5e-6 of the exact f_mu. The curve is symmetric
-    (each f_{eps, delta} is, and so is their envelope), as the recursion needs.
-
-    A non-private event gives f = 0 (it rejects nothing).
-    """
-    import dp_accounting
-    from dp_accounting.pld import pld_privacy_accountant
-
-    from dpaudit import accounting
-
-    if isinstance(event, dict):
-        event = accounting.event_from_dict(event)
-    if not isinstance(event, dp_accounting.DpEvent):
-        raise InputError(f"event must be a dp_accounting DpEvent or its dict form, got {event!r}")
-    vdi = value_discretization_interval
-    if isinstance(vdi, bool) or not isinstance(vdi, Real) or not 0.0 < float(vdi) <= 0.1:
-        raise InputError(f"value_discretization_interval must be in (0, 0.1], got {vdi!r}")
-    accountant = pld_privacy_accountant.PLDAccountant(value_discretization_interval=float(vdi))
-    if not accountant.supports(event):
-        raise InputError(f"the pld accountant cannot account for {event!r}")
-    with accounting.quiet_absl(), np.errstate(over="ignore", invalid="ignore"):
-        accountant.compose(event)
-        # Past the PLD's largest finite loss, delta stays at its last value (the mass at
-        # infinity) and every later line is dominated by the first of them: find where
-        # that happens on a coarse grid, then ask only for the fine grid below it
-        # (dp_accounting's vectorised delta costs ~10 us per epsilon).
-        coarse = _profile(accountant, _COARSE_EPS_GRID)
-        top = _COARSE_EPS_GRID[int(np.argmax(coarse <= coarse[-1]))] if coarse[-1] < 1.0 else _EPS_GRID[-1]
-        grid = _EPS_GRID[_EPS_GRID <= top]
-        deltas = _profile(accountant, grid)
-    stop = int(np.argmax(deltas <= deltas[-1])) + 1
-    return TradeOffCurve(grid[:stop], deltas[:stop])
-
-
-def _profile(accountant, grid: np.ndarray) -> np.ndarray:
-    """Pessimistic deltas on ``grid``, plus the rounding slack; NaN (overflow) -> 1."""
-    deltas = np.broadcast_to(np.asarray(accountant.get_delta(grid), dtype=float), grid.shape)
-    return np.where(np.isfinite(deltas), np.minimum(np.maximum(deltas, 0.0) + _DELTA_SLACK, 1.0), 1.0)
-
-
-@functools.lru_cache(maxsize=64)
-def _dpsgd_curve(noise_multiplier: float, sample_rate: float, steps: int, vdi: float) -> TradeOffCurve:
-    from dpaudit import accounting
-
-    event = accounting.make_event(noise_multiplier=noise_multiplier, sample_rate=sample_rate, steps=steps)
-    return claimed_tradeoff_curve(event, value_discretization_interval=vdi)
 
 
 @functools.lru_cache(maxsize=256)
@@ -304,25 +72,6 @@ def _accountant_epsilon(noise_multiplier: float, sample_rate: float, steps: int,
 
 
 # ------------------------------------------------------------------------- the test
-def _as_blow_up_inverse(curve) -> Callable[[float], float]:
-    if isinstance(curve, TradeOffCurve):
-        return curve._blow_up_inverse_scalar
-    if callable(curve):
-        f = curve
-
-        def blow_up_inverse(y: float) -> float:
-            return float(f(1.0 - y))
-
-        return blow_up_inverse
-    try:  # a DpEvent or its dict
-        return claimed_tradeoff_curve(curve)._blow_up_inverse_scalar
-    except InputError:
-        raise InputError(
-            f"curve must be a TradeOffCurve, a DpEvent (or its dict form) or a symmetric trade-off function, "
-            f"got {curve!r}"
-        ) from None
-
-
 def claimed_curve_rejects(*, num_canaries, num_guesses, num_correct, curve, significance: float = 0.05) -> bool:
     """Whether ``num_correct`` of ``num_guesses`` correct rejects "the mechanism is f-DP".
 
@@ -337,9 +86,9 @@ def claimed_curve_rejects(*, num_canaries, num_guesses, num_correct, curve, sign
     is built with :func:`claimed_tradeoff_curve`), or any callable f(x) that is a
     symmetric trade-off function (convex, continuous, non-increasing, f(x) <= 1 - x).
     """
-    m, r, v = _b._check_one_run_counts(num_canaries, num_guesses, num_correct)
-    significance = _b._check_significance(significance)
-    return _b._fdp_rejects_with(m, r, v, _as_blow_up_inverse(curve), significance)
+    m, r, v = _check_one_run_counts(num_canaries, num_guesses, num_correct)
+    significance = _check_significance(significance)
+    return _fdp_rejects_with(m, r, v, _as_blow_up_inverse(curve), significance)
 
 
 def _perfect_privacy(y: float) -> float:
@@ -355,6 +104,23 @@ def _check_positive(name: str, value, *, upper: float | None = None) -> float:
     if value <= 0.0 or (upper is not None and value > upper):
         raise InputError(f"{name} must be in (0, {upper:g}], got {value}" if upper else f"{name} must be > 0, got {value}")
     return value
+
+
+def _check_family(noise_multiplier, sample_rate, steps, delta) -> tuple[float, float, int, float]:
+    """(sigma, q, T, delta) of a claimed DP-SGD run, checked (InputError otherwise)."""
+    sigma = _check_positive("noise_multiplier", noise_multiplier)
+    q = _check_positive("sample_rate", sample_rate, upper=1.0)
+    if isinstance(steps, bool) or not isinstance(steps, int | np.integer) or int(steps) < 1:
+        raise InputError(f"steps must be a positive integer, got {steps!r}")
+    delta = _check_delta(delta)
+    if delta == 0.0:
+        raise InputError("delta must be > 0 (the accountant's epsilon at delta = 0 is infinite)")
+    return sigma, q, int(steps), delta
+
+
+def _mu_proxy(m: int, r: int, v: int, significance: float) -> float:
+    """The split's chooser: the Gaussian f-DP mu bound, a fast proxy for the curve test."""
+    return mu_one_run_fdp(num_canaries=m, num_guesses=r, num_correct=v, significance=significance)
 
 
 def claimed_curve_bound(
@@ -394,43 +160,73 @@ def claimed_curve_bound(
     """
     if not isinstance(scores, CanaryScores):
         raise InputError(f"scores must be a CanaryScores, got {type(scores).__name__}")
-    sigma = _check_positive("noise_multiplier", noise_multiplier)
-    q = _check_positive("sample_rate", sample_rate, upper=1.0)
-    if isinstance(steps, bool) or not isinstance(steps, int | np.integer) or int(steps) < 1:
-        raise InputError(f"steps must be a positive integer, got {steps!r}")
-    steps = int(steps)
-    delta = _b._check_delta(delta)
-    if delta == 0.0:
-        raise InputError("delta must be > 0 (the accountant's epsilon at delta = 0 is infinite)")
-    significance = _b._check_significance(significance)
+    sigma, q, steps, delta = _check_family(noise_multiplier, sample_rate, steps, delta)
+    significance = _check_significance(significance)
     strategy = DEFAULT_STRATEGY if strategy is None else strategy
 
-    scores_all, member, keys = scores._pooled()
-    if isinstance(strategy, BonferroniStrategy):
-        ranked = _Ranked(scores_all, member, keys)
-        pairs = distinct_guess_pairs(strategy.grid or DEFAULT_GUESS_FRACTIONS, ranked.m)
-        per_test = significance / len(pairs)
-        extra: dict = {"num_candidates": len(pairs)}
-    elif isinstance(strategy, SplitStrategy):
-        ranked, pairs, extra = _split_choice(strategy, scores_all, member, keys, significance)
-        per_test = significance
-    else:
-        raise InputError(f"strategy must be a BonferroniStrategy or a SplitStrategy, got {strategy!r}")
-    m = ranked.m
-    counts = [(kp, km, ranked.correct(kp, km)) for kp, km in pairs]
+    sel = select_guesses(strategy, in_scores=scores.in_scores, out_scores=scores.out_scores,
+                         tie_break_seed=scores.seed, significance=significance, chooser=_mu_proxy, chooser_name="mu")
+    m, per_test = sel.ranking.m, sel.significance_per_test
+    counts = [(kp, km, sel.ranking.correct(kp, km)) for kp, km in sel.pairs]
 
     def rejecting(blow_up_inverse) -> list[int]:
-        return [j for j, (kp, km, v) in enumerate(counts) if _b._fdp_rejects_with(m, kp + km, v, blow_up_inverse, per_test)]
+        return [j for j, (kp, km, v) in enumerate(counts) if _fdp_rejects_with(m, kp + km, v, blow_up_inverse, per_test)]
+
+    claim_eps = _accountant_epsilon(sigma, q, steps, delta)
+    found = _search_sigma(rejecting, sigma=sigma, q=q, steps=steps, delta=delta)
+    rejects_claim = bool(found.claim_rejected)
+    eps, sigma_eq = _epsilon_equivalent(found, claim_eps, sigma=sigma, q=q, steps=steps, delta=delta)
+    # The pair reported: the most accurate of those that reject sigma' (all when none does).
+    pool = range(len(counts)) if found.u_hi is None else found.hi_rejected
+    j = max(pool, key=lambda j: (counts[j][2] / (counts[j][0] + counts[j][1]), -j))
+    kp, km, v = counts[j]
+    details = {
+        "rejects_claim": rejects_claim,
+        "sigma_equivalent": sigma_eq,
+        "sigma_not_rejected": None if found.u_lo is None else sigma * 2.0**found.u_lo,
+        "claim_epsilon": claim_eps,
+        "noise_multiplier": sigma,
+        "sample_rate": q,
+        "steps": steps,
+        "k_plus": kp,
+        "k_minus": km,
+        "significance_per_test": per_test,
+        **sel.details,
+        "candidates": [
+            {"k_plus": a, "k_minus": b, "num_correct": c, "rejects_claim": i in found.claim_rejected}
+            for i, (a, b, c) in enumerate(counts)
+        ],
+        "curve": {"accountant": "pld", "pessimistic": True, "value_discretization_interval": CURVE_DISCRETIZATION},
+        "tie_break_seed": scores.seed,
+    }
+    return BoundResult(
+        "claimed_curve", float(eps), delta, significance, int(m), int(kp + km), int(v), strategy.describe(),
+        details, True,
+    )
+
+
+@dataclass(frozen=True)
+class _Search:
+    """Where the search over sigma' = sigma * 2^u ended (candidates as indices)."""
+
+    claim_rejected: list[int]  # the candidates that reject the claim (u = 0) itself
+    u_lo: float | None  # largest u known NOT rejected
+    u_hi: float | None  # smallest u known rejected
+    hi_rejected: list[int]  # the candidates that reject sigma * 2^u_hi
+
+
+def _search_sigma(rejecting: Callable[[Callable], list[int]], *, sigma, q, steps, delta) -> _Search:
+    """The smallest rejected sigma' of the family (same q, T), to 2^-10 in log2 sigma'.
+
+    ``rejecting(blow_up_inverse)`` lists the candidates that reject a curve."""
 
     def rejecting_at(u: float) -> list[int]:
         return rejecting(_dpsgd_curve(sigma * 2.0**u, q, steps, CURVE_DISCRETIZATION)._blow_up_inverse_scalar)
 
-    claim_eps = _accountant_epsilon(sigma, q, steps, delta)
     # Every trade-off curve lies below f(x) = 1 - x, so if even that is not rejected no
     # sigma' is (and no PLD is needed).
     any_rejected = bool(rejecting(_perfect_privacy))
     claim_rej = rejecting_at(0.0) if any_rejected else []
-    rejects_claim = bool(claim_rej)
 
     # Rejection is monotone in sigma'. (1) A larger sigma' gives a pointwise larger curve:
     # N(b, sigma'^2) is N(b, sigma^2) plus independent noise, a post-processing, so the
@@ -440,14 +236,14 @@ def claimed_curve_bound(
     # so D_r >= w_i D_h >= 0 throughout and r'_0 + h'_0 >= r_0 + h_0. Hence the rejected
     # sigma' form an interval [sigma*, inf), found by bisection, and "some sigma' < sigma
     # is rejected" implies "sigma is rejected". (The PLD's discretisation could break (1)
-    # by a hair; the claim is therefore tested on its own, and the epsilon reconciled
-    # with that test below.)
-    u_lo: float | None  # largest u known NOT rejected
-    u_hi: float | None  # smallest u known rejected
+    # by a hair; the claim is therefore tested on its own, and the caller reconciles
+    # the epsilon with that test.)
+    u_lo: float | None
+    u_hi: float | None
     hi_rej: list[int] = []
     if not any_rejected:
         u_lo, u_hi = None, None
-    elif rejects_claim:
+    elif claim_rej:
         u_lo, u_hi, hi_rej = None, 0.0, claim_rej
         u = -1.0
         while sigma * 2.0**u >= _SIGMA_MIN:
@@ -478,77 +274,22 @@ def claimed_curve_bound(
                 u_hi, hi_rej = mid, rej
             else:
                 u_lo = mid
+    return _Search(claim_rej, u_lo, u_hi, hi_rej)
 
-    if u_hi is None:
-        eps, sigma_eq = 0.0, None
-        j = max(range(len(counts)), key=lambda j: (counts[j][2] / (counts[j][0] + counts[j][1]), -j))
-    else:
-        sigma_eq = sigma * 2.0**u_hi
-        eps = claim_eps if u_hi == 0.0 else _accountant_epsilon(sigma_eq, q, steps, delta)
-        # The accountant's epsilon is itself discretised; keep "reported > claim" <=> a
-        # rejection of the claim exact, on the conservative side in both directions.
-        eps = max(eps, claim_eps) if rejects_claim else min(eps, claim_eps)
-        j = max(hi_rej, key=lambda j: (counts[j][2] / (counts[j][0] + counts[j][1]), -j))
-    kp, km, v = counts[j]
-    details = {
-        "rejects_claim": rejects_claim,
-        "sigma_equivalent": sigma_eq,
-        "sigma_not_rejected": None if u_lo is None else sigma * 2.0**u_lo,
-        "claim_epsilon": claim_eps,
-        "noise_multiplier": sigma,
-        "sample_rate": q,
-        "steps": steps,
-        "k_plus": kp,
-        "k_minus": km,
-        "significance_per_test": per_test,
-        **extra,
-        "candidates": [
-            {"k_plus": a, "k_minus": b, "num_correct": c, "rejects_claim": i in claim_rej}
-            for i, (a, b, c) in enumerate(counts)
-        ],
-        "curve": {"accountant": "pld", "pessimistic": True, "value_discretization_interval": CURVE_DISCRETIZATION},
-        "tie_break_seed": scores.seed,
-    }
-    return BoundResult(
-        "claimed_curve", float(eps), delta, significance, int(m), int(kp + km), int(v), strategy.describe(),
-        details, True,
-    )
+
+def _epsilon_equivalent(found: _Search, claim_eps: float, *, sigma, q, steps, delta) -> tuple[float, float | None]:
+    """(the accountant's epsilon at ``delta`` of the smallest rejected sigma', that sigma'); (0, None) if none."""
+    if found.u_hi is None:
+        return 0.0, None
+    sigma_eq = sigma * 2.0**found.u_hi
+    eps = claim_eps if found.u_hi == 0.0 else _accountant_epsilon(sigma_eq, q, steps, delta)
+    # The accountant's epsilon is itself discretised; keep "reported > claim" <=> a
+    # rejection of the claim exact, on the conservative side in both directions.
+    eps = max(eps, claim_eps) if found.claim_rejected else min(eps, claim_eps)
+    return eps, sigma_eq
 
 
 def _curve_epsilon(curve: TradeOffCurve, delta: float) -> float:
     """Smallest grid eps with delta(eps) <= delta (inf if none): a cheap stop for the descent."""
     ok = curve.deltas <= delta
     return float(curve.epsilons[np.argmax(ok)]) if ok.any() else math.inf
-
-
-def _split_choice(strategy: SplitStrategy, scores, member, keys, significance):
-    """Choose (k+, k-) on the choosing part of a split; return the evaluating part's ranking."""
-    m_all = scores.size
-    n_sel = round(strategy.fraction * m_all)
-    if not 1 <= n_sel <= m_all - 1:
-        raise InputError(f"a {strategy.fraction} split of {m_all} canaries leaves a part empty")
-    perm = np.random.default_rng(strategy.seed).permutation(m_all)
-    sel, ev = perm[:n_sel], perm[n_sel:]
-    ranked_sel = _Ranked(scores[sel], member[sel], keys[sel])
-    ranked_ev = _Ranked(scores[ev], member[ev], keys[ev])
-    tried = []
-    for cand in strategy.grid or DEFAULT_SPLIT_GUESS_FRACTIONS:
-        kp, km = one_run_guess_counts(cand, ranked_sel.m)
-        if kp + km == 0:
-            continue
-        vs = ranked_sel.correct(kp, km)
-        mu = _b.mu_one_run_fdp(num_canaries=ranked_sel.m, num_guesses=kp + km, num_correct=vs,
-                               significance=significance)
-        tried.append((mu, vs / (kp + km), cand))
-    if not tried:
-        raise InputError("no split candidate makes at least one guess")
-    mu_sel, _, cand = max(tried, key=lambda t: (t[0], t[1]))
-    kp, km = one_run_guess_counts(cand, ranked_ev.m)
-    if kp + km == 0:
-        kp = 1
-    extra = {
-        "chosen_candidate": list(cand) if isinstance(cand, tuple) else cand,
-        "selection_mu": mu_sel,
-        "selection_num_canaries": ranked_sel.m,
-    }
-    return ranked_ev, [(kp, km)], extra

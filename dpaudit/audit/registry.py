@@ -5,7 +5,7 @@
     def epsilon_one_run(*, num_canaries, num_guesses, num_correct, delta, significance):
         ...
 
-    get_bound("one_run").sound          # True
+    get_bound("one_run").sound          # True (dpaudit.audit.get_bound)
     CanaryScores(...).bound("one_run", delta=1e-5)
 
 Registry names are the ``method`` keys of every JSON output. A name can be registered
@@ -28,24 +28,23 @@ probability at least 1 - significance). ``sound=False`` marks an estimate that r
 an assumption about the mechanism (``assumes``, e.g. "a Gaussian trade-off curve"); such
 bounds are reported as estimates and never decide a verdict.
 
-Adding a bound: write ``dpaudit/audit/bound_<name>.py`` with one decorated function (and
-a test). The registry imports :mod:`dpaudit.audit.bounds` and every
-``dpaudit.audit.bound_*`` module the first time it is asked for a bound.
+This module imports nothing of :mod:`dpaudit.audit`: the modules that define bounds
+import it. Looking bounds up (:func:`~dpaudit.audit.catalog.get_bound`,
+:func:`~dpaudit.audit.catalog.available_bounds`) is :mod:`dpaudit.audit.catalog`'s job,
+which loads them all first. Adding a bound: write ``dpaudit/audit/bound_<name>.py`` with
+one decorated function (and a test); nothing else changes.
 """
 
 from __future__ import annotations
 
-import importlib
 import inspect
-import pkgutil
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
-from dpaudit.errors import InputError
-
-__all__ = ["BoundSpec", "FAMILIES", "available_bounds", "get_bound", "register_bound"]
+__all__ = ["BoundSpec", "FAMILIES", "register_bound", "registered"]
 
 #: family -> the keyword arguments its functions take.
 FAMILIES: dict[str, tuple[str, ...]] = {
@@ -55,7 +54,6 @@ FAMILIES: dict[str, tuple[str, ...]] = {
 
 _REGISTRY: dict[str, BoundSpec] = {}
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
-_discovered = False
 
 
 @dataclass(frozen=True)
@@ -162,30 +160,7 @@ def _check_signature(name: str, family: str, fn) -> None:
         raise TypeError(f"bound {name!r}: parameters {extra} need defaults (only the family's are passed)")
 
 
-def _discover() -> None:
-    """Import the modules that register bounds: ``bounds`` and every ``bound_*`` module."""
-    global _discovered
-    if _discovered:
-        return
-    import dpaudit.audit as pkg
-
-    importlib.import_module("dpaudit.audit.bounds")
-    for info in pkgutil.iter_modules(pkg.__path__):
-        if info.name.startswith("bound_"):
-            importlib.import_module(f"dpaudit.audit.{info.name}")
-    _discovered = True
-
-
-def available_bounds() -> list[str]:
-    """Registered bound names, sorted."""
-    _discover()
-    return sorted(_REGISTRY)
-
-
-def get_bound(name: str) -> BoundSpec:
-    """The :class:`BoundSpec` registered under ``name`` (InputError listing the known names if none)."""
-    _discover()
-    try:
-        return _REGISTRY[name]
-    except (KeyError, TypeError):
-        raise InputError(f"unknown bound {name!r}; known bounds: {', '.join(available_bounds())}") from None
+def registered() -> Mapping[str, BoundSpec]:
+    """The bounds registered so far, name -> :class:`BoundSpec` (a read-only live view; it
+    loads nothing: :func:`dpaudit.audit.catalog.available_bounds` loads every bound first)."""
+    return MappingProxyType(_REGISTRY)

@@ -1,4 +1,5 @@
-"""How the threshold (or the guess counts k+, k-) of a bound is chosen: explicit strategies.
+"""How the threshold (or the guess counts k+, k-) of a bound is chosen: explicit strategies,
+frozen objects applied by :mod:`dpaudit.audit.selection`.
 
 A bound computed at a threshold that was picked on the very scores it is reported on
 is optimistic. dpaudit never reports the uncorrected maximum over thresholds; one of
@@ -29,9 +30,10 @@ Candidates, per family of bound:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from numbers import Real
+from typing import Any
 
 import numpy as np
 
@@ -47,6 +49,7 @@ __all__ = [
     "BonferroniStrategy",
     "SplitStrategy",
     "DEFAULT_STRATEGY",
+    "strategy_from_dict",
 ]
 
 #: Default one-run candidates for Bonferroni: fraction of all canaries guessed, half
@@ -191,3 +194,16 @@ class SplitStrategy(Strategy):
 
 #: The strategy used when none is given.
 DEFAULT_STRATEGY = BonferroniStrategy()
+
+
+def strategy_from_dict(d: Any) -> Strategy | None:
+    """The strategy of :meth:`Strategy.describe`'s dict (None when it is not one)."""
+    if not isinstance(d, Mapping):
+        return None
+    grid = d.get("grid")
+    grid = tuple(tuple(g) if isinstance(g, list) else g for g in grid) if isinstance(grid, list) else None
+    if d.get("name") == "split":
+        return SplitStrategy(fraction=float(d.get("fraction", 0.5)), seed=int(d.get("seed", 0)), grid=grid)
+    if d.get("name") == "bonferroni":
+        return BonferroniStrategy(grid=grid)
+    return None

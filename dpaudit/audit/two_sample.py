@@ -32,11 +32,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 from scipy import optimize, special, stats
 
-from dpaudit.audit.bounds import (
-    _check_significance,
-    clopper_pearson_upper,
-    gdp_mu_lower_bound,
-)
+from dpaudit.audit._validation import _check_significance
+from dpaudit.audit.bounds import clopper_pearson_upper, gdp_mu_lower_bound
 from dpaudit.errors import InputError
 from dpaudit.jsonable import jsonable
 

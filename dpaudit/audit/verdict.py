@@ -45,7 +45,7 @@ from enum import Enum
 from numbers import Real
 from typing import Any
 
-from dpaudit.audit.canary_scores import BoundResult
+from dpaudit.audit.results import BoundResult
 from dpaudit.errors import ExitCode, InputError
 from dpaudit.jsonable import jsonable
 

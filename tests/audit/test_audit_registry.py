@@ -17,6 +17,7 @@ from dpaudit.audit import (
     one_run_ceiling,
     register_bound,
 )
+from dpaudit.audit import catalog
 from dpaudit.audit import registry as reg
 from dpaudit.audit.canary_scores import METHODS
 from dpaudit.errors import InputError
@@ -160,8 +161,9 @@ def test_bound_modules_are_discovered_by_name(scratch_registry, monkeypatch, tmp
             """
         )
     )
-    monkeypatch.setattr(audit_pkg, "__path__", [*audit_pkg.__path__, str(tmp_path)])
-    monkeypatch.setattr(reg, "_discovered", False)
+    monkeypatch.setattr(audit_pkg, "__path__", [*audit_pkg.__path__, str(tmp_path)])  # for the import itself
+    monkeypatch.setattr(catalog, "_BOUND_DIRS", [*catalog._BOUND_DIRS, str(tmp_path)])
+    monkeypatch.setattr(catalog, "_discovered", False)
     try:
         assert "discovered_test" in available_bounds()
         assert separated().bound("discovered_test", delta=DELTA).epsilon == 0.5
