@@ -113,8 +113,8 @@ def test_bad_input_is_exit_2(capsys):
 
 @pytest.mark.slow
 def test_bench_json_has_every_key(monkeypatch, capsys):
-    monkeypatch.setattr(bench, "LENGTH", 16)
-    monkeypatch.setattr(bench, "validate_vs_training",
+    monkeypatch.setattr(bench.workload, "LENGTH", 16)
+    monkeypatch.setattr(bench.audit_cost, "validate_vs_training",
                         lambda rounds: (2.0, {"validate_s": 2.0, "train_s": 1.0, "training_loop_s": 0.5}))
     assert main(["bench", "--json", "--size", "tiny", "--batch", "2", "--rounds", "1"]) == 0
     result = json.loads(capsys.readouterr().out)

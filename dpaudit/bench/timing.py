@@ -1,0 +1,99 @@
+"""The clock of the rows: engine steps timed in interleaved rounds, and ratios paired by round.
+
+On CPU the clock is the process's CPU time (with one thread, the work done, whatever else the
+machine runs); on CUDA it is the wall time, synchronized.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from dpaudit.bench.engines import make_engine
+from dpaudit.progress import Progress
+
+
+def set_threads(device: torch.device, threads: int) -> None:
+    """On CPU, torch on ``threads`` threads (0: as it is) and, with one, the tokenizer too:
+    its thread pool's waiting counts as CPU time, not work."""
+    if device.type == "cpu" and threads:
+        torch.set_num_threads(threads)
+        if threads == 1:
+            os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def clock(device: torch.device) -> Callable[[], float]:
+    """The rows' clock: ``time.process_time`` on CPU, ``time.perf_counter`` on CUDA."""
+    return time.process_time if device.type == "cpu" else time.perf_counter
+
+
+def time_steps(factory, model, units, *, batch: int, microbatch: int, device: torch.device, private: bool,
+               steps: int, autocast_dtype=None) -> list[float]:
+    """Seconds of ``steps`` engine + AdamW steps after one warm-up step, by :func:`clock`
+    (synchronized on CUDA). The model's weights are restored afterwards, so every engine
+    starts from the same model."""
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    engine = make_engine(factory, model, batch=batch, microbatch=microbatch, device=device, private=private,
+                         autocast_dtype=autocast_dtype)
+    optimizer = torch.optim.AdamW(list(engine.params.values()), lr=1e-5)
+    generator = torch.Generator(device=device).manual_seed(0)
+    now = clock(device)
+    times = []
+    try:
+        for i in range(steps + 1):
+            sync(device)
+            start = now()
+            engine.step(units, generator)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            sync(device)
+            if i > 0:
+                times.append(now() - start)
+    finally:
+        engine.close()
+        model.load_state_dict(state)
+    return times
+
+
+def interleaved(names: list[str], run: Callable[[str], list[float]], *, rounds: int, bar: Progress,
+                errors: dict[str, str]) -> dict[str, list[float]]:
+    """Per name, the median seconds per step of each of ``rounds`` interleaved rounds; a name
+    whose engine fails is dropped, with its error in ``errors``."""
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for _ in range(rounds):
+        for name in names:
+            if name in errors:
+                continue
+            try:
+                times[name].append(statistics.median(run(name)))
+            except Exception as err:  # noqa: BLE001 - another library's engine: recorded as the reason
+                errors[name] = error_text(err)
+            bar.update(1)
+    return {name: t for name, t in times.items() if t and name not in errors}
+
+
+def error_text(err: BaseException) -> str:
+    """``Type: first line of the message``, at most 300 characters: an error as a reason."""
+    return f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:300]
+
+
+def paired_ratio(times: dict[str, list[float]], a: str, b: str) -> float | None:
+    """The median over rounds of ``a``'s time over ``b``'s in the same round; None when
+    either was not measured."""
+    if a not in times or b not in times:
+        return None
+    return statistics.median(x / y for x, y in zip(times[a], times[b]))
+
+
+def medians(times: dict[str, list[float]]) -> dict[str, float]:
+    """Median seconds per step of each name, over its rounds."""
+    return {name: statistics.median(t) for name, t in times.items()}
