@@ -4,11 +4,13 @@ measured is null with a reason."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import torch
 
 from dpaudit import bench
+from dpaudit.bench.timing import run_row
 from dpaudit.cli import main
 from dpaudit.progress import Progress
 
@@ -92,6 +94,33 @@ def test_untied_twin_has_its_own_output_layer():
     assert torch.equal(untied.lm_head.weight, untied.transformer.wte.weight)
     x = torch.randint(1, bench.VOCAB, (2, 8))
     assert torch.equal(tied(x).logits, untied(x).logits)  # the same function, separate parameters
+
+
+def test_a_budget_cuts_rounds_and_skips_later_rows():
+    budget, result, reasons, errors = bench.Budget(0.05), {"steps": None, "later": None}, {}, {}
+
+    def slow(name):
+        time.sleep(0.03)
+        return [1.0]
+
+    def steps():
+        result["steps"] = bench.interleaved(["a", "b"], slow, rounds=5, bar=Progress(total=10, desc="test"),
+                                            errors=errors, budget=budget)
+
+    run_row("steps", ("steps",), steps, result=result, reasons=reasons, budget=budget)
+    assert result["steps"] == {"a": [1.0], "b": [1.0]}  # the first round spent the budget: no second
+    run_row("later", ("later",), lambda: pytest.fail("a row started after the budget"), result=result,
+            reasons=reasons, budget=budget)
+    assert reasons == {"later": reasons["later"]} and reasons["later"].startswith("skipped: ")
+    assert budget.record()["skipped"] == ["later"] and budget.record()["rounds_made"] == {"steps": 1}
+
+
+def test_keep_going_makes_a_failing_row_a_reason():
+    result, reasons = {"ok": 1.0, "broken": None}, {}
+    run_row("row", ("ok", "broken"), lambda: 1 / 0, result=result, reasons=reasons, keep_going=True)
+    assert reasons == {"broken": "ZeroDivisionError: division by zero"}  # the key it had measured keeps its value
+    with pytest.raises(ZeroDivisionError):
+        run_row("row", ("broken",), lambda: 1 / 0, result=result, reasons=reasons)
 
 
 def test_validate_is_timed_against_train_of_the_same_run():

@@ -43,9 +43,9 @@ with the reason under ``reasons``; ``details`` holds the seconds and bytes behin
 
 The modules: :mod:`~dpaudit.bench.workload` (model and tokens), :mod:`~dpaudit.bench.engines`
 (the engines compared), :mod:`~dpaudit.bench.timing` (steps timed in interleaved rounds, paired
-ratios), :mod:`~dpaudit.bench.memory` (peak memory of a step), :mod:`~dpaudit.bench.audit_cost`
-(signals and validate), :mod:`~dpaudit.bench.rows` (the rows), :mod:`~dpaudit.bench.text` (the
-printed summary).
+ratios, a time budget), :mod:`~dpaudit.bench.memory` (peak memory of a step),
+:mod:`~dpaudit.bench.audit_cost` (signals and validate), :mod:`~dpaudit.bench.rows` (the rows),
+:mod:`~dpaudit.bench.text` (the printed summary).
 """
 
 from dpaudit.bench.audit_cost import signals_vs_forward, validate_vs_training
@@ -53,10 +53,10 @@ from dpaudit.bench.engines import OpacusGhostEngine, engine_factories, make_engi
 from dpaudit.bench.memory import peak_step_memory
 from dpaudit.bench.rows import KEYS, run_bench
 from dpaudit.bench.text import summary
-from dpaudit.bench.timing import interleaved, medians, paired_ratio, time_steps
+from dpaudit.bench.timing import Budget, interleaved, medians, paired_ratio, time_steps
 from dpaudit.bench.workload import LENGTH, MEMORY_BATCH, MICROBATCH, VOCAB, VOCABS, build_model, random_units, vocabulary
 
-__all__ = ["KEYS", "LENGTH", "MEMORY_BATCH", "MICROBATCH", "VOCAB", "VOCABS", "OpacusGhostEngine", "build_model",
-           "engine_factories", "interleaved", "make_engine", "medians", "paired_ratio", "peak_step_memory",
-           "random_units", "run_bench", "signals_vs_forward", "summary", "time_steps", "validate_vs_training",
-           "vocabulary"]
+__all__ = ["KEYS", "LENGTH", "MEMORY_BATCH", "MICROBATCH", "VOCAB", "VOCABS", "Budget", "OpacusGhostEngine",
+           "build_model", "engine_factories", "interleaved", "make_engine", "medians", "paired_ratio",
+           "peak_step_memory", "random_units", "run_bench", "signals_vs_forward", "summary", "time_steps",
+           "validate_vs_training", "vocabulary"]

@@ -15,14 +15,14 @@ from pathlib import Path
 import torch
 
 from dpaudit.bench import workload
-from dpaudit.bench.timing import clock, medians, paired_ratio, sync
+from dpaudit.bench.timing import Budget, clock, medians, paired_ratio, sync
 
 
-def signals_vs_forward(size: str, *, device: torch.device, rounds: int, batch: int = 16,
-                       texts: int = 128) -> tuple[float, dict[str, float]]:
+def signals_vs_forward(size: str, *, device: torch.device, rounds: int, batch: int = 16, texts: int = 128,
+                       budget: Budget | None = None) -> tuple[float, dict[str, float]]:
     """:func:`dpaudit.signals.compute_signals` over a bare forward pass of the same batches under
     ``torch.inference_mode()``, interleaved (CPU time on CPU, as the steps): the median of the
-    rounds' ratios, and the median seconds of each."""
+    rounds' ratios, and the median seconds of each. Fewer rounds when ``budget`` runs out."""
     import numpy as np
 
     from dpaudit.signals import compute_signals
@@ -54,7 +54,9 @@ def signals_vs_forward(size: str, *, device: torch.device, rounds: int, batch: i
 
     bare(), signals()  # warm-up
     runs: dict[str, list[float]] = {"forward": [], "signals": []}
-    for _ in range(rounds):
+    for done in range(rounds):
+        if budget is not None and budget.stop(done):
+            break
         runs["forward"].append(bare())
         runs["signals"].append(signals())
     return paired_ratio(runs, "signals", "forward"), medians(runs)

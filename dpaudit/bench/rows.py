@@ -12,13 +12,14 @@ import torch
 from dpaudit.bench import audit_cost, workload
 from dpaudit.bench.engines import engine_factories
 from dpaudit.bench.memory import peak_step_memory
-from dpaudit.bench.timing import interleaved, medians, paired_ratio, set_threads, time_steps
+from dpaudit.bench.timing import Budget, interleaved, medians, paired_ratio, run_row, set_threads, time_steps
 from dpaudit.devices import resolve_device
 from dpaudit.errors import InputError
 from dpaudit.progress import Progress
 
 KEYS = ("dp_step_over_nonprivate", "dp_step_over_nonprivate_b256", "dp_memory_over_nonprivate", "dp_step_over_opacus",
         "dp_step_over_opacus_ghost", "signals_over_forward", "validate_over_training", "model", "batch_size", "threads")
+VALIDATE_NEED_S = 90.0  # a budget starts the validate row only with this much left: two fresh dpaudit processes
 
 
 @dataclass
@@ -34,6 +35,7 @@ class BenchRun:
     factories: dict[str, Callable]
     errors: dict[str, str]
     bar: Progress
+    budget: Budget | None
     result: dict[str, Any] = field(default_factory=dict)
     reasons: dict[str, str] = field(default_factory=dict)
     details: dict[str, Any] = field(default_factory=dict)
@@ -44,7 +46,7 @@ class BenchRun:
                           private=private, steps=steps, autocast_dtype=self.autocast_dtype)
 
     def interleaved(self, names: list[str], run: Callable[[str], list[float]]) -> dict[str, list[float]]:
-        return interleaved(names, run, rounds=self.rounds, bar=self.bar, errors=self.errors)
+        return interleaved(names, run, rounds=self.rounds, bar=self.bar, errors=self.errors, budget=self.budget)
 
     def ratio(self, key: str, value: float | None, reason: Callable[[], str]) -> None:
         """``result[key] = value``, and when it is None, ``reasons[key]`` from ``reason()``."""
@@ -54,8 +56,13 @@ class BenchRun:
 
 
 def run_bench(*, size: str = "small", batch: int = 16, rounds: int = 5, repeats: int = 3, device: str = "auto",
-              threads: int = 1, opacus: bool = True, validate: bool = True) -> dict[str, Any]:
-    """Measure every row (see :mod:`dpaudit.bench`) and return the ``--json`` object."""
+              threads: int = 1, opacus: bool = True, validate: bool = True, skip: dict[str, str] | None = None,
+              budget: Budget | None = None, keep_going: bool = False) -> dict[str, Any]:
+    """Measure every row (see :mod:`dpaudit.bench`) and return the ``--json`` object. A row
+    whose keys are all in ``skip`` is not measured, ``skip`` giving the reasons. With
+    ``budget``, a row starts only while the budget lasts (else it is null, the reason saying
+    so) and a row of rounds stops after the round in which it ran out; with ``keep_going``, a
+    row that fails is null with its error as the reason, and the other rows go on."""
     if batch < 1 or rounds < 1 or repeats < 1:
         raise InputError("--batch, --rounds and --repeats must be positive")
     workload.check_size(size)
@@ -66,23 +73,28 @@ def run_bench(*, size: str = "small", batch: int = 16, rounds: int = 5, repeats:
     main_names = [n for n in ("nonprivate", "dpsgd", "dpsgd_vmap", "opacus") if n in factories]
     total = rounds * (len(main_names) + 4) + 4 + rounds + (1 if validate else 0)
     run = BenchRun(size=size, batch=batch, rounds=rounds, repeats=repeats, device=dev, autocast_dtype=autocast_dtype,
-                   factories=factories, errors=dict(missing), bar=Progress(total=total, desc="bench"))
+                   factories=factories, errors=dict(missing), bar=Progress(total=total, desc="bench"), budget=budget)
     run.result = {key: None for key in KEYS}
     run.result.update(model=f"gpt2-{size}", batch_size=batch, threads=torch.get_num_threads(), device=str(dev),
                       precision="bf16 autocast" if autocast_dtype else "fp32",
                       clock="process CPU time" if dev.type == "cpu" else "wall time")
     run.details.update(length=workload.LENGTH, vocab=workload.vocabulary(size), rounds=rounds, repeats=repeats)
     model = workload.build_model(size).to(dev)
+    rows = [("steps", ("dp_step_over_nonprivate", "dp_step_over_opacus"), 0.0,
+             lambda: _step_rows(run, model, main_names)),
+            ("ghost", ("dp_step_over_opacus_ghost",), 0.0, lambda: _ghost_row(run)),
+            ("b256", ("dp_step_over_nonprivate_b256",), 0.0, lambda: _b256_row(run, model)),
+            ("memory", ("dp_memory_over_nonprivate",), 0.0, lambda: _memory_row(run)),
+            ("signals", ("signals_over_forward",), 0.0, lambda: _signals_row(run)),
+            ("validate", ("validate_over_training",), VALIDATE_NEED_S, lambda: _validate_row(run))]
+    skip = {**({} if validate else {"validate_over_training": "not measured (validate=False)"}), **(skip or {})}
     try:
-        _step_rows(run, model, main_names)
-        _ghost_row(run)
-        _b256_row(run, model)
-        _memory_row(run)
-        _signals_row(run)
-        if validate:
-            _validate_row(run)
-        else:
-            run.reasons["validate_over_training"] = "not measured (validate=False)"
+        for name, keys, need, measure in rows:
+            if all(key in skip for key in keys):
+                run.reasons.update({key: skip[key] for key in keys})
+                continue
+            run_row(name, keys, measure, result=run.result, reasons=run.reasons, budget=budget, need=need,
+                    keep_going=keep_going)
     finally:
         run.bar.close()
     return {**run.result, "reasons": run.reasons, "details": run.details}
@@ -148,7 +160,7 @@ def _memory_row(run: BenchRun) -> None:
 
 
 def _signals_row(run: BenchRun) -> None:
-    ratio, seconds = audit_cost.signals_vs_forward(run.size, device=run.device, rounds=run.rounds)
+    ratio, seconds = audit_cost.signals_vs_forward(run.size, device=run.device, rounds=run.rounds, budget=run.budget)
     run.bar.update(run.rounds)
     run.result["signals_over_forward"] = ratio
     run.details["signals_seconds"] = seconds

@@ -1,4 +1,5 @@
-"""The clock of the rows: engine steps timed in interleaved rounds, and ratios paired by round.
+"""The clock of the rows: engine steps timed in interleaved rounds, ratios paired by round,
+and a wall-clock budget that stops a suite in time.
 
 On CPU the clock is the process's CPU time (with one thread, the work done, whatever else the
 machine runs); on CUDA it is the wall time, synchronized.
@@ -10,6 +11,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -64,12 +66,70 @@ def time_steps(factory, model, units, *, batch: int, microbatch: int, device: to
     return times
 
 
+class Budget:
+    """A wall-clock budget of ``seconds`` for a suite of rows, counted from its creation. A row
+    starts only while more than the time it needs is left (:meth:`skip_reason`), and a row of
+    rounds stops after the round in which the budget ran out (:meth:`stop`): a suite overruns
+    it by one round of one row at most."""
+
+    def __init__(self, seconds: float):
+        self.seconds, self.start = float(seconds), time.perf_counter()
+        self.row: str | None = None
+        self.skipped: list[str] = []
+        self.rounds_made: dict[str, int] = {}
+
+    def spent(self) -> float:
+        return time.perf_counter() - self.start
+
+    def left(self) -> float:
+        return self.seconds - self.spent()
+
+    def skip_reason(self, row: str, *, need: float = 0.0) -> str | None:
+        """None when row ``row`` may start (and it becomes the current row), else why not."""
+        self.row = row
+        if self.left() > need:
+            return None
+        self.skipped.append(row)
+        needs = f"; it needs about {need:.0f} s" if need else ""
+        return f"skipped: {self.spent():.0f} s of the {self.seconds:.0f} s budget spent{needs}"
+
+    def stop(self, done: int) -> bool:
+        """True when the current row should stop after ``done`` rounds (at least one)."""
+        if done == 0 or self.left() > 0:
+            return False
+        self.rounds_made[self.row or "?"] = done
+        return True
+
+    def record(self) -> dict[str, Any]:
+        return {"seconds": self.seconds, "spent_s": self.spent(), "skipped": self.skipped,
+                "rounds_made": self.rounds_made}
+
+
+def run_row(name: str, keys: tuple[str, ...], measure: Callable[[], None], *, result: dict[str, Any],
+            reasons: dict[str, str], budget: Budget | None = None, need: float = 0.0, keep_going: bool = False) -> None:
+    """Row ``name``: ``measure()``, unless ``budget`` has ``need`` seconds or less left (then
+    each of the row's ``keys`` gets the reason); with ``keep_going``, an error of ``measure``
+    becomes the reason of those ``keys`` it left null in ``result``, and the suite goes on."""
+    skipped = budget.skip_reason(name, need=need) if budget is not None else None
+    if skipped:
+        reasons.update({key: skipped for key in keys})
+        return
+    try:
+        measure()
+    except Exception as err:  # noqa: BLE001 - with keep_going, a row's error is its reason
+        if not keep_going:
+            raise
+        reasons.update({key: error_text(err) for key in keys if result.get(key) is None})
+
+
 def interleaved(names: list[str], run: Callable[[str], list[float]], *, rounds: int, bar: Progress,
-                errors: dict[str, str]) -> dict[str, list[float]]:
-    """Per name, the median seconds per step of each of ``rounds`` interleaved rounds; a name
-    whose engine fails is dropped, with its error in ``errors``."""
+                errors: dict[str, str], budget: Budget | None = None) -> dict[str, list[float]]:
+    """Per name, the median seconds per step of each of ``rounds`` interleaved rounds (fewer
+    when ``budget`` runs out); a name whose engine fails is dropped, with its error in ``errors``."""
     times: dict[str, list[float]] = {name: [] for name in names}
-    for _ in range(rounds):
+    for done in range(rounds):
+        if budget is not None and budget.stop(done):
+            break
         for name in names:
             if name in errors:
                 continue
