@@ -4,6 +4,7 @@ measured is null with a reason."""
 from __future__ import annotations
 
 import json
+import math
 import time
 
 import pytest
@@ -121,6 +122,38 @@ def test_keep_going_makes_a_failing_row_a_reason():
     assert reasons == {"broken": "ZeroDivisionError: division by zero"}  # the key it had measured keeps its value
     with pytest.raises(ZeroDivisionError):
         run_row("row", ("broken",), lambda: 1 / 0, result=result, reasons=reasons)
+
+
+def test_gpu_suite_rehearses_on_cpu(tmp_path, monkeypatch, capsys):
+    """``dpaudit bench --suite gpu`` at tiny size on the CPU: one JSON file with every key,
+    each figure measured (positive and finite) or null with a reason."""
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")
+    threads, out = torch.get_num_threads(), tmp_path / "gpu_check.json"
+    start = time.perf_counter()
+    try:
+        assert main(["bench", "--suite", "gpu", "--size", "tiny", "--batch", "2", "--rounds", "1",
+                     "--device", "cpu", "--out", str(out)]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    assert time.perf_counter() - start < 60
+    result = json.loads(out.read_text())
+    assert set(bench.GPU_KEYS) <= set(result) and set(bench.KEYS) <= set(result["bench"])
+    assert result["suite"] == "gpu" and result["model"] == "gpt2-tiny" and result["length"] == 128
+
+    def measured(value, key, reasons):
+        return value is None and key in reasons or math.isfinite(value) and value > 0
+
+    for key in bench.gpu.MEASURED:
+        assert measured(result[key], key, result["reasons"]), key
+    for key in bench.KEYS[:7]:
+        assert measured(result["bench"][key], key, result["bench"]["reasons"]), key
+    # on a CPU every figure but the GPU's memory is measured, and a secure DP step includes its noise
+    assert [key for key in bench.gpu.MEASURED if result[key] is None] == ["nonprivate_peak_gpu_bytes",
+                                                                          "dp_peak_gpu_bytes"]
+    assert 0 < result["secure_noise_share"] < 1
+    assert result["hardware"]["torch"] == torch.__version__ and result["hardware"]["date"]
+    assert result["budget"]["skipped"] == [] and result["wall_s"] < result["budget"]["seconds"]
+    assert "secure noise share of a DP step" in capsys.readouterr().out
 
 
 def test_validate_is_timed_against_train_of_the_same_run():

@@ -41,22 +41,29 @@ for a GPU: ``dpaudit bench --device cuda --size gpt2``).
 A ratio that cannot be measured (Opacus not installed, or unable to run on the model) is null,
 with the reason under ``reasons``; ``details`` holds the seconds and bytes behind the ratios.
 
+``dpaudit bench --suite gpu --size gpt2 --out gpu_check.json`` is the GPU check
+(:mod:`dpaudit.bench.gpu`): these rows plus training throughput, peak GPU memory and the secure
+noise's share of a DP step, in one JSON file, within 8 minutes on one H200.
+
 The modules: :mod:`~dpaudit.bench.workload` (model and tokens), :mod:`~dpaudit.bench.engines`
 (the engines compared), :mod:`~dpaudit.bench.timing` (steps timed in interleaved rounds, paired
 ratios, a time budget), :mod:`~dpaudit.bench.memory` (peak memory of a step),
-:mod:`~dpaudit.bench.audit_cost` (signals and validate), :mod:`~dpaudit.bench.rows` (the rows),
-:mod:`~dpaudit.bench.text` (the printed summary).
+:mod:`~dpaudit.bench.audit_cost` (signals and validate), :mod:`~dpaudit.bench.rows` (the
+default suite), :mod:`~dpaudit.bench.gpu` (the GPU check), :mod:`~dpaudit.bench.text` (the
+printed summaries).
 """
 
 from dpaudit.bench.audit_cost import signals_vs_forward, validate_vs_training
 from dpaudit.bench.engines import OpacusGhostEngine, engine_factories, make_engine
+from dpaudit.bench.gpu import GPU_KEYS, run_gpu_check
 from dpaudit.bench.memory import peak_step_memory
 from dpaudit.bench.rows import KEYS, run_bench
-from dpaudit.bench.text import summary
+from dpaudit.bench.text import gpu_summary, summary
 from dpaudit.bench.timing import Budget, interleaved, medians, paired_ratio, time_steps
-from dpaudit.bench.workload import LENGTH, MEMORY_BATCH, MICROBATCH, VOCAB, VOCABS, build_model, random_units, vocabulary
+from dpaudit.bench.workload import (LENGTH, MEMORY_BATCH, MICROBATCH, VOCAB, VOCABS, build_model, random_units,
+                                    vocabulary)
 
-__all__ = ["KEYS", "LENGTH", "MEMORY_BATCH", "MICROBATCH", "VOCAB", "VOCABS", "Budget", "OpacusGhostEngine",
-           "build_model", "engine_factories", "interleaved", "make_engine", "medians", "paired_ratio",
-           "peak_step_memory", "random_units", "run_bench", "signals_vs_forward", "summary", "time_steps",
-           "validate_vs_training", "vocabulary"]
+__all__ = ["GPU_KEYS", "KEYS", "LENGTH", "MEMORY_BATCH", "MICROBATCH", "VOCAB", "VOCABS", "Budget",
+           "OpacusGhostEngine", "build_model", "engine_factories", "gpu_summary", "interleaved", "make_engine",
+           "medians", "paired_ratio", "peak_step_memory", "random_units", "run_bench", "run_gpu_check",
+           "signals_vs_forward", "summary", "time_steps", "validate_vs_training", "vocabulary"]

@@ -1,4 +1,4 @@
-"""The printed summary of the bench."""
+"""The printed summaries of both suites."""
 
 from __future__ import annotations
 
@@ -28,3 +28,26 @@ def summary(result: dict[str, Any]) -> str:
     lines.append("  seconds per step: " + ", ".join(f"{k} {v:.3f}" for k, v in seconds.items()))
     return "\n".join(lines)
 
+
+def gpu_summary(result: dict[str, Any]) -> str:
+    """The human-readable form of :func:`~dpaudit.bench.gpu.run_gpu_check`'s result: its own
+    rows, then the default suite's table."""
+    hardware, reasons = result["hardware"], result["reasons"]
+    where = f"{hardware['gpu'] or result['device']} (torch {hardware['torch']}, CUDA {hardware['cuda']})"
+    lines = [f"gpu check on {where}, {hardware['date']}: model {result['model']}, {result['precision']}, "
+             f"{result['clock']}; {result['wall_s']:.0f} s of wall time"]
+
+    def figure(key: str, text: str) -> str:
+        return text.format(result[key]) if result[key] is not None else f"n/a ({reasons.get(key, 'not measured')})"
+
+    tokens = f"batch {result['batch_size']} x {result['length']} tokens"
+    lines.append(f"  non-private training  {figure('nonprivate_tokens_per_s', '{:,.0f} tokens/s')}, {tokens}, "
+                 f"peak {figure('nonprivate_peak_gpu_bytes', '{:,} bytes')}")
+    lines.append(f"  DP-SGD, secure noise  {figure('dp_tokens_per_s', '{:,.0f} tokens/s')}, "
+                 f"peak {figure('dp_peak_gpu_bytes', '{:,} bytes')}")
+    lines.append(f"  DP-SGD, seeded noise  {figure('dp_tokens_per_s_reproducible', '{:,.0f} tokens/s')}")
+    lines.append(f"  secure noise share of a DP step: {figure('secure_noise_share', '{:.3f}')}")
+    skipped = result["budget"]["skipped"]
+    if skipped:
+        lines.append(f"  skipped for the {result['budget']['seconds']:.0f} s budget: {', '.join(skipped)}")
+    return "\n".join(lines + [summary(result["bench"])])

@@ -39,15 +39,19 @@ def clock(device: torch.device) -> Callable[[], float]:
 
 
 def time_steps(factory, model, units, *, batch: int, microbatch: int, device: torch.device, private: bool,
-               steps: int, autocast_dtype=None) -> list[float]:
+               steps: int, autocast_dtype=None, secure: bool = False, restore: bool = True) -> list[float]:
     """Seconds of ``steps`` engine + AdamW steps after one warm-up step, by :func:`clock`
-    (synchronized on CUDA). The model's weights are restored afterwards, so every engine
-    starts from the same model."""
-    state = {k: v.clone() for k, v in model.state_dict().items()}
+    (synchronized on CUDA). The noise comes from a seeded torch generator on ``device``, or,
+    with ``secure``, from :class:`~dpaudit.train.sampling.SecureGenerator` (secure mode, the
+    default of DP training). With ``restore`` the model's weights are restored afterwards (from
+    a copy taken first), so every engine starts from the same model."""
+    from dpaudit.train.sampling import SecureGenerator
+
+    state = {k: v.clone() for k, v in model.state_dict().items()} if restore else None
     engine = make_engine(factory, model, batch=batch, microbatch=microbatch, device=device, private=private,
                          autocast_dtype=autocast_dtype)
     optimizer = torch.optim.AdamW(list(engine.params.values()), lr=1e-5)
-    generator = torch.Generator(device=device).manual_seed(0)
+    generator = SecureGenerator(device) if secure else torch.Generator(device=device).manual_seed(0)
     now = clock(device)
     times = []
     try:
@@ -62,7 +66,8 @@ def time_steps(factory, model, units, *, batch: int, microbatch: int, device: to
                 times.append(now() - start)
     finally:
         engine.close()
-        model.load_state_dict(state)
+        if state is not None:
+            model.load_state_dict(state)
     return times
 
 
