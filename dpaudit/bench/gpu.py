@@ -1,21 +1,26 @@
 """``dpaudit bench --suite gpu``: the GPU check, one JSON file (issue 31).
 
 The one command on a machine with a GPU, from the repository root (``benchmarks/gpu_check.sh``
-runs exactly this, writing to ``$OUT/gpu_check.json`` when ``OUT`` is set)::
+runs exactly this, writing to ``$OUT/gpu_check.json`` when ``OUT`` is set; a lent machine
+lacks some of dpaudit's dependencies, and ``benchmarks/README.md`` lists the wheels to carry)::
 
     PYTHONUNBUFFERED=1 dpaudit bench --suite gpu --size gpt2 --out gpu_check.json
 
-On one NVIDIA H200 it should take 3-5 minutes and must not take 8: rows start only while the
-budget of :data:`BUDGET_S` seconds (counted from its start) lasts, a row that would start later
-is null with the reason ``skipped: ...``, a row of interleaved rounds stops after the round in
-which the budget ran out, and the validate row starts only with
-:data:`~dpaudit.bench.rows.VALIDATE_NEED_S` seconds left; so it overruns the budget by one
-round of one row at most. On a CPU, ``--size tiny`` rehearses every code path in well under a
-minute (without the two rows that spawn fresh processes there: peak memory and validate).
+On one NVIDIA H200 it should take 4-6 minutes and must not take 8: rows start only while the
+budget of :data:`BUDGET_S` seconds (counted from the suite's start) lasts, a row that would
+start later is null with the reason ``skipped: ...``, a row of interleaved rounds stops after
+the round in which the budget ran out, and the validate row starts only with
+:data:`~dpaudit.bench.rows.VALIDATE_NEED_S` seconds left; so it overruns the budget by about
+one round of one row. A row that fails (a package missing, memory) is null with its error as
+the reason, and the other rows go on. On a CPU, ``--size tiny --batch 2 --rounds 1`` rehearses
+every code path in about 10 s, but for the two rows that spawn fresh processes there (peak
+memory and validate).
 
-The JSON object, in the order measured (what comes first survives a short budget):
+The JSON object (``schema_version`` 1), its figures in the order measured, so that what comes
+first survives a short budget:
 
-- ``hardware``: the GPU's name and memory, the torch and CUDA versions, the date (UTC);
+- ``suite``, ``model``, ``device``, ``precision``, ``clock``, ``batch_size``, ``length``: what
+  ran; ``hardware``: the GPU's name and memory, the torch and CUDA versions, the date (UTC);
   ``manifest``: package versions, git commit and platform (:func:`dpaudit.rundir.manifest`);
 - ``secure_noise_share``: the time to draw one step's Gaussian noise with the secure generator
   (``SecureGenerator(device).standard_normal(shape, device=..., dtype=float32)`` for every
@@ -29,8 +34,7 @@ The JSON object, in the order measured (what comes first survives a short budget
 - ``nonprivate_peak_gpu_bytes``, ``dp_peak_gpu_bytes``: ``torch.cuda.max_memory_allocated``
   over those steps (weights, gradients, AdamW's state, activations); null on a CPU;
 - ``bench``: the default suite's result (:func:`~dpaudit.bench.rows.run_bench`, the same
-  keys as ``dpaudit bench --json``), under the same budget; a row that fails there is null
-  with its error as the reason, and the other rows go on;
+  keys as ``dpaudit bench --json``), under the same budget;
 - ``reasons`` (why a figure above is null), ``details``, ``budget`` (seconds, spent, rows
   skipped, rows cut short) and ``wall_s``.
 
