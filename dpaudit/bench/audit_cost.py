@@ -33,7 +33,8 @@ def signals_vs_forward(size: str, *, device: torch.device, rounds: int, batch: i
     ids = np.random.default_rng(0).integers(1, workload.VOCAB, size=(texts, length))
     strings = [" ".join(f"w{i}" for i in row) for row in ids]
     batches = [torch.as_tensor(ids[s : s + batch], device=device) for s in range(0, texts, batch)]
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast("cpu", enabled=False)
+    cuda = device.type == "cuda"
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if cuda else torch.autocast("cpu", enabled=False)
     now = clock(device)
 
     def bare():

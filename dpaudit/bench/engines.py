@@ -86,7 +86,8 @@ def engine_factories(*, opacus: bool = True) -> tuple[dict[str, Callable], dict[
             factories["opacus"] = OpacusEngine
             factories["opacus_ghost"] = OpacusGhostEngine
         except ImportError as err:
-            missing["opacus"] = missing["opacus_ghost"] = f"Opacus is not installed ({err}): pip install 'dpaudit[opacus]'"
+            reason = f"Opacus is not installed ({err}): pip install 'dpaudit[opacus]'"
+            missing["opacus"] = missing["opacus_ghost"] = reason
     else:
         missing["opacus"] = missing["opacus_ghost"] = "not measured (opacus=False)"
     return factories, missing

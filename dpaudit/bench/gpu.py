@@ -92,7 +92,7 @@ def run_gpu_check(*, size: str = "gpt2", batch: int = 16, rounds: int = 5, repea
         raise InputError("--batch, --rounds and --repeats must be positive")
     workload.check_size(size)
     dev = resolve_device(device, what="--device")
-    set_threads(dev, threads)
+    set_threads(dev, threads=threads)
     budget = Budget(budget_s)
     cuda = dev.type == "cuda"
     result: dict[str, Any] = {key: None for key in GPU_KEYS}
@@ -136,12 +136,12 @@ def _training_rows(result: dict[str, Any], reasons: dict[str, str], details: dic
         bar.update(1)
 
     try:
-        run_row("secure_noise", ("secure_noise_share",), noise, result=result, reasons=reasons, budget=budget,
-                keep_going=True)
+        run_row(noise, name="secure_noise", keys=("secure_noise_share",), result=result, reasons=reasons,
+                budget=budget, keep_going=True)
         for name, *run in RUNS:
             keys = tuple(key for key in run[2:] if key is not None)
-            run_row(name, keys, lambda: training(name, *run), result=result, reasons=reasons, budget=budget,
-                    keep_going=True)
+            run_row(lambda: training(name, *run), name=name, keys=keys, result=result, reasons=reasons,
+                    budget=budget, keep_going=True)
     finally:
         bar.close()
     step = details["seconds_per_step"].get("dp")

@@ -67,7 +67,7 @@ def run_bench(*, size: str = "small", batch: int = 16, rounds: int = 5, repeats:
         raise InputError("--batch, --rounds and --repeats must be positive")
     workload.check_size(size)
     dev = resolve_device(device, what="--device")
-    set_threads(dev, threads)
+    set_threads(dev, threads=threads)
     autocast_dtype = torch.bfloat16 if dev.type == "cuda" else None
     factories, missing = engine_factories(opacus=opacus)
     main_names = [n for n in ("nonprivate", "dpsgd", "dpsgd_vmap", "opacus") if n in factories]
@@ -93,7 +93,7 @@ def run_bench(*, size: str = "small", batch: int = 16, rounds: int = 5, repeats:
             if all(key in skip for key in keys):
                 run.reasons.update({key: skip[key] for key in keys})
                 continue
-            run_row(name, keys, measure, result=run.result, reasons=run.reasons, budget=budget, need=need,
+            run_row(measure, name=name, keys=keys, result=run.result, reasons=run.reasons, budget=budget, need=need,
                     keep_going=keep_going)
     finally:
         run.bar.close()

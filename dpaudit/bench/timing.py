@@ -19,7 +19,7 @@ from dpaudit.bench.engines import make_engine
 from dpaudit.progress import Progress
 
 
-def set_threads(device: torch.device, threads: int) -> None:
+def set_threads(device: torch.device, *, threads: int) -> None:
     """On CPU, torch on ``threads`` threads (0: as it is) and, with one, the tokenizer too:
     its thread pool's waiting counts as CPU time, not work."""
     if device.type == "cpu" and threads:
@@ -29,6 +29,7 @@ def set_threads(device: torch.device, threads: int) -> None:
 
 
 def sync(device: torch.device) -> None:
+    """Wait for the work queued on ``device`` (CUDA; nothing to wait for on a CPU)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -75,7 +76,7 @@ class Budget:
     """A wall-clock budget of ``seconds`` for a suite of rows, counted from its creation. A row
     starts only while more than the time it needs is left (:meth:`skip_reason`), and a row of
     rounds stops after the round in which the budget ran out (:meth:`stop`): a suite overruns
-    it by one round of one row at most."""
+    it by about one round of one row."""
 
     def __init__(self, seconds: float):
         self.seconds, self.start = float(seconds), time.perf_counter()
@@ -106,11 +107,12 @@ class Budget:
         return True
 
     def record(self) -> dict[str, Any]:
+        """The budget, the seconds spent, the rows skipped and the rounds made by rows cut short."""
         return {"seconds": self.seconds, "spent_s": self.spent(), "skipped": self.skipped,
                 "rounds_made": self.rounds_made}
 
 
-def run_row(name: str, keys: tuple[str, ...], measure: Callable[[], None], *, result: dict[str, Any],
+def run_row(measure: Callable[[], None], *, name: str, keys: tuple[str, ...], result: dict[str, Any],
             reasons: dict[str, str], budget: Budget | None = None, need: float = 0.0, keep_going: bool = False) -> None:
     """Row ``name``: ``measure()``, unless ``budget`` has ``need`` seconds or less left (then
     each of the row's ``keys`` gets the reason); with ``keep_going``, an error of ``measure``
