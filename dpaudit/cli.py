@@ -138,11 +138,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=cmd_accountant)
 
     p = sub.add_parser("bench", help="DP-SGD step, memory, Opacus, signals and validate cost as side-by-side ratios")
-    p.add_argument("--size", default="small", help="model size: tiny, small (default, the demo's), medium, gpt2 (124M, "
-                   "GPT-2's vocabulary; for a GPU)")
+    p.add_argument("--suite", choices=("default", "gpu"), default="default",
+                   help="default: the ratios; gpu: the ratios plus training throughput, peak GPU memory and the "
+                   "secure noise's share of a DP step, within a time budget (see benchmarks/README.md)")
+    p.add_argument("--size", help="model size: tiny, small (the default suite's default, the demo's), medium, gpt2 "
+                   "(124M, GPT-2's vocabulary; the gpu suite's default)")
     p.add_argument("--batch", type=int, default=16, metavar="B", help="batch of the step-time rows (default: 16)")
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds per row (default: 5)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda (default: auto)")
+    p.add_argument("--out", metavar="FILE", help="also write the result JSON to FILE")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     p.set_defaults(handler=cmd_bench)
     return parser
@@ -453,8 +457,17 @@ def cmd_accountant(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from dpaudit.bench import run_bench, summary
+    from dpaudit.bench import gpu_summary, run_bench, run_gpu_check, summary
+    from dpaudit.rundir import write_json_atomic
 
-    result = run_bench(size=args.size, batch=args.batch, rounds=args.rounds, device=args.device)
-    _emit(args, result, summary(result))
+    common = dict(batch=args.batch, rounds=args.rounds, device=args.device)
+    if args.suite == "gpu":
+        result = run_gpu_check(size=args.size or "gpt2", **common)
+        text = gpu_summary(result)
+    else:
+        result = run_bench(size=args.size or "small", **common)
+        text = summary(result)
+    if args.out:
+        write_json_atomic(args.out, result)
+    _emit(args, result, text)
     return ExitCode.OK

@@ -4,11 +4,14 @@ measured is null with a reason."""
 from __future__ import annotations
 
 import json
+import math
+import time
 
 import pytest
 import torch
 
 from dpaudit import bench
+from dpaudit.bench.timing import run_row
 from dpaudit.cli import main
 from dpaudit.progress import Progress
 
@@ -94,6 +97,63 @@ def test_untied_twin_has_its_own_output_layer():
     assert torch.equal(tied(x).logits, untied(x).logits)  # the same function, separate parameters
 
 
+def test_a_budget_cuts_rounds_and_skips_later_rows():
+    budget, result, reasons, errors = bench.Budget(0.05), {"steps": None, "later": None}, {}, {}
+
+    def slow(name):
+        time.sleep(0.03)
+        return [1.0]
+
+    def steps():
+        result["steps"] = bench.interleaved(["a", "b"], slow, rounds=5, bar=Progress(total=10, desc="test"),
+                                            errors=errors, budget=budget)
+
+    run_row(steps, name="steps", keys=("steps",), result=result, reasons=reasons, budget=budget)
+    assert result["steps"] == {"a": [1.0], "b": [1.0]}  # the first round spent the budget: no second
+    run_row(lambda: pytest.fail("a row started after the budget"), name="later", keys=("later",), result=result,
+            reasons=reasons, budget=budget)
+    assert reasons == {"later": reasons["later"]} and reasons["later"].startswith("skipped: ")
+    assert budget.record()["skipped"] == ["later"] and budget.record()["rounds_made"] == {"steps": 1}
+
+
+def test_keep_going_makes_a_failing_row_a_reason():
+    result, reasons = {"ok": 1.0, "broken": None}, {}
+    run_row(lambda: 1 / 0, name="row", keys=("ok", "broken"), result=result, reasons=reasons, keep_going=True)
+    assert reasons == {"broken": "ZeroDivisionError: division by zero"}  # the key it had measured keeps its value
+    with pytest.raises(ZeroDivisionError):
+        run_row(lambda: 1 / 0, name="row", keys=("broken",), result=result, reasons=reasons)
+
+
+def test_gpu_suite_rehearses_on_cpu(tmp_path, monkeypatch, capsys):
+    """``dpaudit bench --suite gpu`` at tiny size on the CPU (about 10 s): one JSON file with
+    every key, each figure measured (positive and finite) or null with a reason."""
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")
+    threads, out = torch.get_num_threads(), tmp_path / "gpu_check.json"
+    try:
+        assert main(["bench", "--suite", "gpu", "--size", "tiny", "--batch", "2", "--rounds", "1",
+                     "--device", "cpu", "--out", str(out)]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    result = json.loads(out.read_text())
+    assert set(bench.GPU_KEYS) <= set(result) and set(bench.KEYS) <= set(result["bench"])
+    assert result["suite"] == "gpu" and result["model"] == "gpt2-tiny" and result["length"] == 128
+
+    def measured(value, key, reasons):
+        return value is None and key in reasons or math.isfinite(value) and value > 0
+
+    for key in bench.gpu.MEASURED:
+        assert measured(result[key], key, result["reasons"]), key
+    for key in bench.KEYS[:7]:
+        assert measured(result["bench"][key], key, result["bench"]["reasons"]), key
+    # on a CPU every figure but the GPU's memory is measured, and a secure DP step includes its noise
+    assert [key for key in bench.gpu.MEASURED if result[key] is None] == ["nonprivate_peak_gpu_bytes",
+                                                                          "dp_peak_gpu_bytes"]
+    assert 0 < result["secure_noise_share"] < 1
+    assert result["hardware"]["torch"] == torch.__version__ and result["hardware"]["date"]
+    assert result["budget"]["skipped"] == [] and result["wall_s"] < result["budget"]["seconds"]
+    assert "secure noise share of a DP step" in capsys.readouterr().out
+
+
 def test_validate_is_timed_against_train_of_the_same_run():
     from dpaudit.config import load_config
     from dpaudit.stages.validate import validate_config, validate_overrides
@@ -113,8 +173,8 @@ def test_bad_input_is_exit_2(capsys):
 
 @pytest.mark.slow
 def test_bench_json_has_every_key(monkeypatch, capsys):
-    monkeypatch.setattr(bench, "LENGTH", 16)
-    monkeypatch.setattr(bench, "validate_vs_training",
+    monkeypatch.setattr(bench.workload, "LENGTH", 16)
+    monkeypatch.setattr(bench.audit_cost, "validate_vs_training",
                         lambda rounds: (2.0, {"validate_s": 2.0, "train_s": 1.0, "training_loop_s": 0.5}))
     assert main(["bench", "--json", "--size", "tiny", "--batch", "2", "--rounds", "1"]) == 0
     result = json.loads(capsys.readouterr().out)
