@@ -221,29 +221,16 @@ def decide(
 
     def verdict(status: str, reason: str, chosen, claim_value) -> Verdict:
         attack, b = chosen if chosen is not None else (None, None)
-        return Verdict(
-            status=status,
-            reason=reason,
-            claimed_epsilon=claim_value,
-            delta=None if b is None else b.delta,
-            epsilon_lower_bound=None if b is None else b.epsilon,
-            method=None if b is None else b.method,
-            attack=attack,
-            significance=significance,
-            ceiling=ceiling,
-            num_canaries=None if b is None else b.num_canaries,
-            num_guesses=None if b is None else b.num_guesses,
-            num_correct=None if b is None else b.num_correct,
-        )
+        return Verdict(status=status, reason=reason, claimed_epsilon=claim_value,
+                       delta=None if b is None else b.delta, epsilon_lower_bound=None if b is None else b.epsilon,
+                       method=None if b is None else b.method, attack=attack, significance=significance,
+                       ceiling=ceiling, num_canaries=None if b is None else b.num_canaries,
+                       num_guesses=None if b is None else b.num_guesses, num_correct=None if b is None else b.num_correct)
 
     # 1. No claim: nothing to violate.
     if claim is None or math.isinf(claim):
         what = "the run is non-private" if claim is not None else "the run's privacy is unknown or not claimed"
-        tail = (
-            f"; the best sound bound is epsilon >= {best[1].epsilon:.3f} ({_describe(*best)})"
-            if best is not None
-            else ""
-        )
+        tail = f"; the best sound bound is epsilon >= {best[1].epsilon:.3f} ({_describe(*best)})" if best else ""
         return verdict("no_claim", f"No DP claim to test ({what}), so there is nothing to violate{tail}.", best, None)
 
     def claim_at(delta: float) -> float:
@@ -266,38 +253,29 @@ def decide(
         return verdict("violated", reason, (attack, b), c)
 
     claim_ref = claim if best is None else claim_at(best[1].delta)
+    status, reason = _without_violation(best, claim_ref=claim_ref, ceiling=ceiling, learned=learned)
+    return verdict(status, reason, best, claim_ref)
 
-    # 3. Inconclusive: the audit could not have seen a violation.
+
+def _without_violation(best, *, claim_ref: float, ceiling: float | None, learned: bool | None) -> tuple[str, str]:
+    """Rules 3 and 4 (no sound bound above the claim): inconclusive when the audit could not
+    have seen a violation, else consistent, which is not a proof of privacy."""
     if learned is False and (best is None or best[1].epsilon <= 0):  # a bound above 0: the canaries moved it
-        reason = (
-            "The model learned nothing (its loss is no better than at initialisation), so an audit "
-            "of it cannot see a violation of the claim; train a model that learns, then audit it."
-        )
-        return verdict("inconclusive", reason, best, claim_ref)
+        return "inconclusive", ("The model learned nothing (its loss is no better than at initialisation), so an "
+                                "audit of it cannot see a violation of the claim; train a model that learns, then "
+                                "audit it.")
     if ceiling is not None and ceiling <= claim_ref:
         m = f" with these {best[1].num_canaries} canaries" if best is not None else ""
-        reason = (
-            f"Even a perfect attack could not show a violation: the best possible bound of this audit{m} "
-            f"(its ceiling) is {ceiling:.3f} <= the claimed epsilon {claim_ref:.3f}; add canaries."
-        )
-        return verdict("inconclusive", reason, best, claim_ref)
+        return "inconclusive", (f"Even a perfect attack could not show a violation: the best possible bound of this "
+                                f"audit{m} (its ceiling) is {ceiling:.3f} <= the claimed epsilon {claim_ref:.3f}; "
+                                "add canaries.")
     if best is None:
-        reason = (
-            "No sound bound was computed (estimates under a Gaussian trade-off curve do not count), so the "
-            "audit cannot test the claim; compute a one_run or clopper_pearson bound."
-        )
-        return verdict("inconclusive", reason, None, claim_ref)
-
-    # 4. Consistent, which is not a proof of privacy.
+        return "inconclusive", ("No sound bound was computed (estimates under a Gaussian trade-off curve do not "
+                                "count), so the audit cannot test the claim; compute a one_run or clopper_pearson "
+                                "bound.")
     attack, b = best
-    ceiling_text = (
-        f"beside a ceiling of {ceiling:.3f} for this method and these canaries"
-        if ceiling is not None
-        else "(no ceiling given)"
-    )
-    reason = (
-        f"The best sound bound, epsilon >= {b.epsilon:.3f} at delta={_fmt_delta(b.delta)} from "
-        f"{_describe(attack, b)}, {ceiling_text}, does not exceed the claimed epsilon {claim_ref:.3f}: "
-        "consistent with the claim, which is not a proof of privacy."
-    )
-    return verdict("consistent", reason, best, claim_ref)
+    ceiling_text = (f"beside a ceiling of {ceiling:.3f} for this method and these canaries" if ceiling is not None
+                    else "(no ceiling given)")
+    return "consistent", (f"The best sound bound, epsilon >= {b.epsilon:.3f} at delta={_fmt_delta(b.delta)} from "
+                          f"{_describe(attack, b)}, {ceiling_text}, does not exceed the claimed epsilon "
+                          f"{claim_ref:.3f}: consistent with the claim, which is not a proof of privacy.")

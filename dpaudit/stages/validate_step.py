@@ -210,17 +210,8 @@ def validate_step(*, step: str | Callable[..., None], noise_multiplier: float, m
     """
     from dpaudit.audit.bounds import gdp_epsilon
     from dpaudit.audit.two_sample import gaussian_mu_estimate, two_sample_mu_bound
-    from dpaudit.progress import Progress
-    from dpaudit.train.step import call_step
 
-    sigma = _positive("--noise-multiplier", noise_multiplier)
-    c = _positive("--max-grad-norm", max_grad_norm)
-    b = _positive("--expected-batch-size", expected_batch_size, integer=True)
-    r = _positive("--repetitions", repetitions, integer=True)
-    if r < 8:
-        raise InputError(f"--repetitions must be at least 8 (half of the runs choose the test), got {r}")
-    if not (isinstance(delta, (int, float)) and 0 < delta < 1):
-        raise InputError(f"--delta must be in (0, 1), got {delta}")
+    sigma, c, b, r = _check_claim(noise_multiplier, max_grad_norm, expected_batch_size, repetitions, delta)
     run = _run_parameters(sample_rate=sample_rate, steps=steps, out=out, model=model)
     fn = _load_step(step) if isinstance(step, str) else step
     if not callable(fn):
@@ -229,33 +220,10 @@ def validate_step(*, step: str | Callable[..., None], noise_multiplier: float, m
 
     rows = max(1, min(b - 1, MAX_BATCH_ROWS))
     model0, batch, batch_with, grads, canary_norm, gain = _build(seed, rows, c)
-    names = list(grads)
     directions, labels = _directions(grads)
-    theta0 = _flat(model0, names)
-    noise_seeds = [int(seed_sequence([seed, 1], i).generate_state(1, np.uint64)[0] >> 1) for i in range(2 * r)]
-    projections = {"in": np.empty((r, len(labels))), "out": np.empty((r, len(labels)))}
-    moved, bar = False, Progress(total=2 * r, desc="step audit", unit="run")
-    try:
-        for i in range(r):
-            for j, which in enumerate(("out", "in")):  # interleaved: a drift affects both samples alike
-                m = copy.deepcopy(model0)
-                generator = torch.Generator().manual_seed(noise_seeds[2 * i + j])
-                try:
-                    call_step(fn, m, batch_with if which == "in" else batch, generator=generator,
-                              noise_multiplier=sigma, max_grad_norm=c, expected_batch_size=b)
-                except InputError:
-                    raise
-                except Exception as err:  # noqa: BLE001 -- the user's code: one clear line, not a traceback
-                    raise InputError(f"the step {name} failed: {type(err).__name__}: {err}") from None
-                update = _flat(m, names) - theta0
-                if not bool(torch.isfinite(update).all()):
-                    raise InputError(f"the step {name} produced a non-finite update")
-                moved = moved or bool(update.abs().max() > 0)
-                projections[which][i] = (directions @ update).numpy()
-                bar.update(1)
-    finally:
-        bar.close()
-
+    claim = dict(noise_multiplier=sigma, max_grad_norm=c, expected_batch_size=b)
+    projections, moved = _projections(fn, name, model0, batch, batch_with, directions, list(grads), repetitions=r,
+                                      seed=seed, claim=claim)
     bound = two_sample_mu_bound(in_samples=projections["in"], out_samples=projections["out"],
                                 significance=significance, seed=seed)
     estimate, est_low, est_high = gaussian_mu_estimate(in_samples=projections["in"][:, 0],
@@ -264,25 +232,11 @@ def validate_step(*, step: str | Callable[..., None], noise_multiplier: float, m
     claimed_mu = 1.0 / sigma
     claimed_eps = gdp_epsilon(mu=claimed_mu, delta=delta)
     eps_lb = gdp_epsilon(mu=bound.mu, delta=delta)
-    ceiling_eps = gdp_epsilon(mu=bound.ceiling, delta=delta)
-    statistic = f"the projection on {labels[bound.column]}"
-    if bound.mu > claimed_mu:
-        verdict = "violated"
-        reason = (f"mu >= {bound.mu:.3f} ({1 - significance:.0%} confidence, {statistic}) exceeds the claimed "
-                  f"1/S = {claimed_mu:.3f}: the step is not the Gaussian mechanism with noise multiplier {sigma:g} "
-                  f"and clipping norm {c:g} (epsilon >= {eps_lb:.3f} against {claimed_eps:.3f} at delta {delta:g})")
-    elif not moved:
-        verdict = "inconclusive"
-        reason = "the step never changed the model's parameters, so its privacy cannot be measured"
-    elif bound.ceiling <= claimed_mu:
-        verdict = "inconclusive"
-        reason = (f"even a perfect separation of {r} runs a side gives at most mu >= {bound.ceiling:.3f} <= the "
-                  f"claimed 1/S = {claimed_mu:.3f}: add --repetitions")
-    else:
-        verdict = "consistent"
-        reason = (f"mu >= {bound.mu:.3f} ({statistic}) does not exceed the claimed 1/S = {claimed_mu:.3f}, beside a "
-                  f"ceiling of {bound.ceiling:.3f} for {r} runs a side: consistent with the claim, which is not "
-                  "a proof of privacy")
+    verdict, reason = _decide(bound, claimed_mu=claimed_mu, moved=moved, repetitions=r, significance=significance,
+                              statistic=f"the projection on {labels[bound.column]}",
+                              violation=(f"the step is not the Gaussian mechanism with noise multiplier {sigma:g} and "
+                                         f"clipping norm {c:g} (epsilon >= {eps_lb:.3f} against {claimed_eps:.3f} at "
+                                         f"delta {delta:g})"))
     result = {
         "verdict": verdict,
         "reason": reason,
@@ -297,7 +251,7 @@ def validate_step(*, step: str | Callable[..., None], noise_multiplier: float, m
         "significance": significance,
         "confidence": 1.0 - significance,
         "mu_ceiling": bound.ceiling,
-        "epsilon_ceiling": ceiling_eps,
+        "epsilon_ceiling": gdp_epsilon(mu=bound.ceiling, delta=delta),
         "statistic": labels[bound.column],
         "test": bound.to_dict(),
         "estimate": {  # assumes Gaussian projections with one variance: never a verdict
@@ -306,7 +260,7 @@ def validate_step(*, step: str | Callable[..., None], noise_multiplier: float, m
             "epsilon": gdp_epsilon(mu=max(estimate, 0.0), delta=delta) if math.isfinite(estimate) else math.inf,
             "assumes": "Gaussian projections with one variance (true for a correct Gaussian step)",
         },
-        "claim": {"noise_multiplier": sigma, "max_grad_norm": c, "expected_batch_size": b},
+        "claim": claim,
         "setting": {"model": "tiny GPT-2 (dpaudit.models.build_model)", "vocab_size": VOCAB_SIZE,
                     "batch_rows": rows, "row_length": ROW_LENGTH, "canary_length": CANARY_LENGTH,
                     "canary_gradient_norm": canary_norm, "norm_factor": NORM_FACTOR, "ln_f_gain": gain,
@@ -325,6 +279,70 @@ def validate_step(*, step: str | Callable[..., None], noise_multiplier: float, m
                          out_projections=projections["out"], statistics=np.array(labels))
         write_json_atomic(rundir.step_audit_path, {"schema_version": SCHEMA_VERSION, **result})
     return result
+
+
+def _check_claim(noise_multiplier, max_grad_norm, expected_batch_size, repetitions, delta) -> tuple:
+    """(S, C, B, R) checked, each positive (B and R integers, R >= 8), and delta in (0, 1)."""
+    sigma = _positive("--noise-multiplier", noise_multiplier)
+    c = _positive("--max-grad-norm", max_grad_norm)
+    b = _positive("--expected-batch-size", expected_batch_size, integer=True)
+    r = _positive("--repetitions", repetitions, integer=True)
+    if r < 8:
+        raise InputError(f"--repetitions must be at least 8 (half of the runs choose the test), got {r}")
+    if not (isinstance(delta, (int, float)) and 0 < delta < 1):
+        raise InputError(f"--delta must be in (0, 1), got {delta}")
+    return sigma, c, b, r
+
+
+def _projections(fn, name: str, model0, batch, batch_with, directions, names: list[str], *, repetitions: int,
+                 seed: int, claim: dict) -> tuple[dict[str, np.ndarray], bool]:
+    """``({"in": [R, K], "out": [R, K]}, moved)``: the step run R times on D + canary and R
+    times on D, interleaved, each on a fresh copy of the model with a fresh noise generator, its
+    update projected on the K directions; whether any run changed the parameters."""
+    from dpaudit.progress import Progress
+    from dpaudit.train.step import call_step
+
+    r = repetitions
+    theta0 = _flat(model0, names)
+    noise_seeds = [int(seed_sequence([seed, 1], i).generate_state(1, np.uint64)[0] >> 1) for i in range(2 * r)]
+    projections = {"in": np.empty((r, len(directions))), "out": np.empty((r, len(directions)))}
+    moved, bar = False, Progress(total=2 * r, desc="step audit", unit="run")
+    try:
+        for i in range(r):
+            for j, which in enumerate(("out", "in")):  # interleaved: a drift affects both samples alike
+                m = copy.deepcopy(model0)
+                generator = torch.Generator().manual_seed(noise_seeds[2 * i + j])
+                try:
+                    call_step(fn, m, batch_with if which == "in" else batch, generator=generator, **claim)
+                except InputError:
+                    raise
+                except Exception as err:  # noqa: BLE001 -- the user's code: one clear line, not a traceback
+                    raise InputError(f"the step {name} failed: {type(err).__name__}: {err}") from None
+                update = _flat(m, names) - theta0
+                if not bool(torch.isfinite(update).all()):
+                    raise InputError(f"the step {name} produced a non-finite update")
+                moved = moved or bool(update.abs().max() > 0)
+                projections[which][i] = (directions @ update).numpy()
+                bar.update(1)
+    finally:
+        bar.close()
+    return projections, moved
+
+
+def _decide(bound, *, claimed_mu: float, moved: bool, repetitions: int, significance: float, statistic: str,
+            violation: str) -> tuple[str, str]:
+    """(verdict, reason) of the step audit: the mu bound against the claimed 1/S."""
+    if bound.mu > claimed_mu:
+        return "violated", (f"mu >= {bound.mu:.3f} ({1 - significance:.0%} confidence, {statistic}) exceeds the "
+                            f"claimed 1/S = {claimed_mu:.3f}: {violation}")
+    if not moved:
+        return "inconclusive", "the step never changed the model's parameters, so its privacy cannot be measured"
+    if bound.ceiling <= claimed_mu:
+        return "inconclusive", (f"even a perfect separation of {repetitions} runs a side gives at most mu >= "
+                                f"{bound.ceiling:.3f} <= the claimed 1/S = {claimed_mu:.3f}: add --repetitions")
+    return "consistent", (f"mu >= {bound.mu:.3f} ({statistic}) does not exceed the claimed 1/S = {claimed_mu:.3f}, "
+                          f"beside a ceiling of {bound.ceiling:.3f} for {repetitions} runs a side: consistent with "
+                          "the claim, which is not a proof of privacy")
 
 
 # --------------------------------------------------------------------------- from one step to the run
