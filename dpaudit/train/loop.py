@@ -80,7 +80,7 @@ from dpaudit.train.engine import (
     token_nll,
 )
 from dpaudit.train.ghost import choose_engine
-from dpaudit.train.sampling import OSRandom, PoissonSampler, RunSeeds, SecureGenerator, ShuffleSampler, os_seed
+from dpaudit.train.sampling import OSRandom, PoissonSampler, RunSeeds, SecureGenerator, ShuffleSampler
 
 SCHEMA_VERSION = 1
 RELEASE_WARNING = ("trained in reproducible mode (train.dp.reproducible: true): its DP noise and Poisson batches "
@@ -496,7 +496,7 @@ def _loop(*, model, tokenizer, engine, spec, train, data, steps, plan, seeds, de
             units = [[data.sequences[r] for r in data.units[u]] for u in chosen]
             lr = scheduler.get_last_lr()[0]
             if secure:
-                noise_generator.manual_seed(os_seed())
+                noise_generator.next_step()
             stats = engine.step(units, noise_generator)
             bad = sum(1 for x in stats.losses if not math.isfinite(x))
             if bad:
