@@ -10,8 +10,8 @@ against each other):
   zero bytes, which is OpenSSL's vectorised code (4-6 GB/s on one core with AVX-512);
 - :class:`TorchStream`, on any device: the block function in torch int32 operations (wrapping
   additions, xors, rotations; one row per block), fused into one kernel by :func:`torch.compile`
-  where it can compile, eager torch otherwise. The path on accelerators: the words are made
-  where the noise is added and never cross the bus.
+  where it can compile, eager torch otherwise. The path on accelerators for draws of 2^18
+  normals and more: the words are made where the noise is added and never cross the bus.
 
 Normals. A draw of ``n`` normals reads ``2 * ceil(n / 32)`` blocks from block counter 0 of its
 nonce. Each group of two blocks makes 32 normals by Box-Muller on 16 pairs of uniforms: pair

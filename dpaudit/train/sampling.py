@@ -121,7 +121,8 @@ class SecureGenerator(torch.Generator):
         self.manual_seed(os_seed())
 
     def standard_normal(self, shape, *, device=None, dtype=torch.float32) -> torch.Tensor:
-        """``N(0, 1)`` draws of ``shape``, made on ``device`` (default: the generator's)."""
+        """``N(0, 1)`` draws of ``shape``, made on ``device`` (default: the generator's) in
+        float32, then cast to ``dtype``."""
         device = torch.device(device) if device is not None else self.device
         out = torch.empty(math.prod(shape), dtype=torch.float32, device=device)
         self._draw(out)
