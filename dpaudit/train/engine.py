@@ -403,11 +403,10 @@ class DPSGDEngine(GradientEngine):
             return summed
         # in place: ``summed`` is this step's own (one pass and no new tensor per parameter)
         for g in summed.values():
-            if isinstance(generator, SecureGenerator):  # secure mode: the noise from the OS CSPRNG
-                noise = generator.standard_normal(g.shape, device=g.device, dtype=g.dtype)
+            if isinstance(generator, SecureGenerator):  # secure mode: ChaCha20 noise, the sum snapped to a grid
+                generator.add_noise_(g, std=std)
             else:
-                noise = torch.randn(g.shape, generator=generator, device=g.device, dtype=g.dtype)
-            g.add_(noise, alpha=std)
+                g.add_(torch.randn(g.shape, generator=generator, device=g.device, dtype=g.dtype), alpha=std)
         return summed
 
 

@@ -34,9 +34,10 @@ What it reports (when the caller passes a :class:`~dpaudit.train.record.Training
 
 Noise nobody can replay. DP training is in secure mode by default (``train.dp.reproducible:
 false``, Opacus calls it ``secure_mode``): the Poisson batches are drawn from the operating
-system's CSPRNG (:class:`~dpaudit.train.sampling.OSRandom`), and so is the Gaussian noise of
-the DP-SGD engine (:class:`~dpaudit.train.sampling.SecureGenerator`); nothing is recorded, so
-the files of a run do not let anyone regenerate its noise. Engines that call ``torch.randn``
+system's CSPRNG (:class:`~dpaudit.train.sampling.OSRandom`), and the Gaussian noise of the
+DP-SGD engine from ChaCha20 keyed once from it (:class:`~dpaudit.train.sampling.SecureGenerator`,
+:mod:`dpaudit.train.chacha`); nothing is recorded, so the files of a run do not let anyone
+regenerate its noise. Engines that call ``torch.randn``
 with the generator themselves get torch's generator re-seeded from the OS at every step
 (docs/security.md). ``reproducible: true`` seeds both from the run
 seed, for audits and tests; such a model carries :data:`RELEASE_WARNING` in its config.json.
@@ -78,7 +79,7 @@ from dpaudit.train.plan import (
     sample_rate,
 )
 from dpaudit.train.record import TrainingRecord
-from dpaudit.train.sampling import OSRandom, PoissonSampler, RunSeeds, SecureGenerator, ShuffleSampler, os_seed
+from dpaudit.train.sampling import OSRandom, PoissonSampler, RunSeeds, SecureGenerator, ShuffleSampler
 from dpaudit.train.units import TrainingData, load_data, prepare_sequences
 
 
@@ -233,7 +234,7 @@ class _Loop:
                 chosen = sampler.sample()
                 lr = scheduler.get_last_lr()[0]
                 if secure:
-                    noise_generator.manual_seed(os_seed())
+                    noise_generator.next_step()
                 stats = engine.step([[self.data.sequences[r] for r in self.data.units[u]] for u in chosen],
                                     noise_generator)
                 self._check_finite(step, stats, params)

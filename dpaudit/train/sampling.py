@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,6 +23,7 @@ import torch
 
 from dpaudit.errors import InputError
 from dpaudit.seeds import seed_sequence
+from dpaudit.train import chacha
 
 
 @dataclass(frozen=True)
@@ -78,21 +80,120 @@ class OSRandom:
 
 
 class SecureGenerator(torch.Generator):
-    """A ``torch.Generator`` for secure mode whose :meth:`standard_normal` draws come from the
-    operating system's CSPRNG (``os.urandom``, Box-Muller on 53-bit uniforms), so the DP noise
-    can be neither replayed nor predicted from earlier draws. Code that passes it to
-    ``torch.randn`` instead gets torch's generator, which the loop re-seeds from the OS at
-    every step (:func:`os_seed`)."""
+    """The noise source of secure mode: Gaussians from ChaCha20 (RFC 8439) under a 256-bit key
+    drawn once from ``os.urandom`` when the generator is made (once per training run), computed
+    where the tensors are (:mod:`dpaudit.train.chacha`). The key stays in this object: it is not
+    printed, pickled or written anywhere, so nothing a run leaves behind replays its noise.
+
+    Nonce and counter (RFC 8439 2.3: state word 12 is the block counter, words 13-15 the
+    nonce): word 13 = the draw's index within its step, words 14-15 = the step (64 bits,
+    little-endian), word 12 = the block within the draw, from 0. :meth:`next_step` moves to the
+    next step and every draw (:meth:`standard_normal`, :meth:`add_noise_`: one per parameter
+    tensor) takes the next index, both only ever counting up, so no (key, nonce, counter) is used
+    twice in a run; a draw of more than 2^32 blocks (68 billion normals), a step of more than 2^32
+    draws, or 2^64 steps is refused rather than wrapped.
+
+    It is still a ``torch.Generator``: code that passes it to ``torch.randn`` (engines that draw
+    their own noise, Opacus) gets torch's generator, which :meth:`next_step` re-seeds with
+    63 fresh bits of the OS CSPRNG (:func:`os_seed`) at every step."""
+
+    def __new__(cls, device: torch.device | str = "cpu"):
+        return super().__new__(cls, device)
+
+    def __init__(self, device: torch.device | str = "cpu"):
+        self.__key = os.urandom(32)
+        self.__key_on: dict[torch.device, torch.Tensor] = {}
+        self.step = 0
+        self.draws = 0  # draws so far in this step
+        self.manual_seed(os_seed())
+
+    def __reduce__(self):
+        raise TypeError("a SecureGenerator holds its run's noise key and cannot be pickled or copied")
+
+    def __repr__(self) -> str:
+        return f"SecureGenerator(device={str(self.device)!r}, step={self.step}, draws={self.draws})"
+
+    def next_step(self) -> None:
+        """Start the next step's nonces; re-seed torch's own generator from the OS."""
+        if self.step + 1 >= 2**64:
+            raise RuntimeError("2^64 steps under one key: make a new SecureGenerator")
+        self.step += 1
+        self.draws = 0
+        self.manual_seed(os_seed())
 
     def standard_normal(self, shape, *, device=None, dtype=torch.float32) -> torch.Tensor:
-        """``N(0, 1)`` draws of ``shape``, made on the CPU in float64 and moved to ``device``."""
-        n = math.prod(shape)
-        pairs = (n + 1) // 2
-        u = OSRandom().random(2 * pairs).reshape(2, pairs)  # uniform on [0, 1)
-        radius = np.sqrt(-2.0 * np.log1p(-u[0]))  # 1 - u is in (0, 1]: never log(0)
-        angle = 2.0 * np.pi * u[1]
-        z = np.concatenate([radius * np.cos(angle), radius * np.sin(angle)])[:n]
-        return torch.from_numpy(z).reshape(shape).to(device=device, dtype=dtype)
+        """``N(0, 1)`` draws of ``shape``, made on ``device`` (default: the generator's) in
+        float32, then cast to ``dtype``."""
+        device = torch.device(device) if device is not None else self.device
+        out = torch.empty(math.prod(shape), dtype=torch.float32, device=device)
+        self._draw(out)
+        return out.reshape(shape).to(dtype)
+
+    def add_noise_(self, tensor: torch.Tensor, *, std: float) -> torch.Tensor:
+        """Add ``std * N(0, 1)`` to ``tensor`` in place and snap every sum to the grid
+        :func:`~dpaudit.train.chacha.snap_spacing` ``(std)`` (in float32; docs/security.md);
+        return ``tensor``."""
+        spacing = chacha.snap_spacing(std)
+        if tensor.dtype == torch.float32 and tensor.is_contiguous():
+            self._draw(tensor.detach().view(-1), std=std, spacing=spacing)
+        else:
+            work = tensor.detach().float().reshape(-1).clone()
+            self._draw(work, std=std, spacing=spacing)
+            tensor.detach().copy_(work.view(tensor.shape))
+        return tensor
+
+    # -- the draws -------------------------------------------------------------
+
+    def _draw(self, out: torch.Tensor, *, std: float | None = None, spacing: float | None = None) -> None:
+        """Fill the flat float32 ``out`` with normals (``std`` None) or with ``out + std * z``
+        snapped to ``spacing``, from the next draw's keystream, a chunk of groups at a time."""
+        if self.draws >= 2**32:
+            raise RuntimeError("2^32 draws in one step: call next_step()")
+        nonce = (self.draws, self.step & 0xFFFFFFFF, self.step >> 32)
+        self.draws += 1
+        n, device = out.numel(), out.device
+        groups = -(-n // chacha.GROUP_NORMALS)
+        if groups * chacha.GROUP_BLOCKS > chacha.MAX_BLOCKS:
+            raise ValueError(f"{n} normals in one draw exceed ChaCha20's 2^32 blocks per nonce")
+        compiled = n >= chacha.COMPILE_MIN and chacha.can_compile(device)
+        stream = self._stream(nonce, device, compiled)
+        chunk = _CHUNK_GROUPS if device.type == "cpu" else _DEVICE_CHUNK_GROUPS
+        for start in range(0, groups, chunk):
+            stop = min(groups, start + chunk)
+            words = stream.read((stop - start) * chacha.GROUP_BLOCKS)
+            if words.device != device:  # a small draw for an accelerator: made on the CPU
+                words = words.to(device)
+            part = out[start * chacha.GROUP_NORMALS : min(n, stop * chacha.GROUP_NORMALS)]
+            if std is None:
+                part.copy_(chacha.normals(words, compiled=compiled)[: part.numel()])
+                continue
+            padded = part  # the last group of a draw may be partly used: pad the sums to whole groups
+            if part.numel() % chacha.GROUP_NORMALS:
+                padded = torch.zeros((stop - start) * chacha.GROUP_NORMALS, dtype=part.dtype, device=device)
+                padded[: part.numel()] = part
+            part.copy_(chacha.noisy_snapped(words, padded, std=std, spacing=spacing, compiled=compiled)[: part.numel()])
+
+    def _stream(self, nonce: tuple[int, int, int], device: torch.device, compiled: bool):
+        """The draw's keystream: from OpenSSL on the CPU (and for small draws elsewhere, copied
+        over), from torch operations where the tensors are otherwise."""
+        if _OPENSSL and (device.type == "cpu" or not compiled):
+            return chacha.OpenSSLStream(self.__key, nonce)
+        if device not in self.__key_on:
+            self.__key_on[device] = chacha.key_tensor(self.__key, device)
+        return chacha.TorchStream(self.__key_on[device], nonce, compiled=compiled)
+
+
+def _has_openssl() -> bool:
+    try:
+        from cryptography.hazmat.primitives.ciphers import algorithms  # noqa: F401
+    except ImportError:
+        return False
+    return sys.byteorder == "little"
+
+
+_OPENSSL = _has_openssl()
+_CHUNK_GROUPS = 2**15  # 1 Mi normals a kernel call on the CPU (a call costs ~50 us: fewer, larger ones)
+_DEVICE_CHUNK_GROUPS = 2**18  # 8 Mi normals a kernel on an accelerator
 
 
 def os_seed() -> int:

@@ -6,8 +6,10 @@ p > 1e-6) at which a correct secure-mode run, which cannot be seeded, fails abou
 
 from __future__ import annotations
 
+import base64
 import json
 import math
+import struct
 
 import numpy as np
 import pytest
@@ -79,14 +81,14 @@ def noise_draws(mode: str, *, sigma: float, C: float, B: int, steps: int) -> tor
     draws = []
     for _ in range(steps):
         if mode == "secure":
-            generator.manual_seed(os_seed())
+            generator.next_step()
         engine.step(units, generator)
         draws.append(torch.cat([p.grad.flatten() for p in engine.params.values()]) - clean)
     engine.close()
     return torch.stack(draws).double()
 
 
-def test_secure_generator_draws_standard_normals_from_the_os():
+def test_secure_generator_draws_standard_normals_that_no_seed_replays():
     g = SecureGenerator()
     z = g.standard_normal((300, 101), dtype=torch.float64)
     assert z.shape == (300, 101) and z.dtype == torch.float64
@@ -96,7 +98,7 @@ def test_secure_generator_draws_standard_normals_from_the_os():
     g.manual_seed(1)
     assert not torch.equal(first, g.standard_normal((50,)))  # no seed replays it
     assert g.standard_normal((3,), dtype=torch.bfloat16).dtype == torch.bfloat16
-    assert g.standard_normal((7,)).shape == (7,)  # an odd count: half a Box-Muller pair dropped
+    assert g.standard_normal((7,)).shape == (7,)  # part of a group of 32: the rest of it unused
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -175,6 +177,35 @@ def test_secure_mode_cannot_be_replayed_from_the_run_files(rows, tokenizer, tmp_
     # 4 batch sizes are too few for a sure sampler check: the Binomial law is tested above
     assert checks["parameters"]["all_moved"] and checks["batch_size"]["consistent"] is not None
     assert not hasattr(a.config, "dpaudit_warning")
+
+
+def test_secure_mode_writes_its_key_nowhere(rows, tokenizer, tmp_path, monkeypatch, capsys, caplog):
+    made = []
+    real_init = SecureGenerator.__init__
+
+    def recording_init(self, device="cpu"):
+        real_init(self, device)
+        made.append(self)
+
+    monkeypatch.setattr(SecureGenerator, "__init__", recording_init)
+    model = train_recorded(dpsgd, tmp_path / "run", rows, tokenizer, seed=1,
+                           config=config("train.dp.reproducible=false", "train.checkpoint_every=2"))
+    model.save_pretrained(tmp_path / "model")
+    assert len(made) == 1 and made[0].step == 4  # the run's one generator, moved on at each of the 4 steps
+    key = made[0]._SecureGenerator__key
+    words = struct.unpack("<8I", key)
+    needles = [key, key.hex().encode(), key.hex().upper().encode(), base64.b64encode(key),
+               *(str(w).encode() for w in words), *(str(w - 2**32).encode() for w in words if w >= 2**31)]
+    files = [p for p in tmp_path.rglob("*") if p.is_file()]
+    names = {p.name for p in files}
+    assert {"dp_event.json", "train_checks.json", "train_log.jsonl", "config.json", "model.safetensors"} <= names
+    assert any("checkpoints" in p.parts for p in files)
+    for path in files:
+        data = path.read_bytes()
+        assert not any(needle in data for needle in needles), path
+    printed = capsys.readouterr()
+    for text in (printed.out, printed.err, caplog.text):
+        assert not any(needle.decode("latin-1") in text for needle in needles)
 
 
 def test_nonprivate_training_stays_seeded_and_records_no_noise(rows, tokenizer, tmp_path):

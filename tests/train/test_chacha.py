@@ -1,0 +1,333 @@
+"""Secure mode's noise source: ChaCha20 (RFC 8439) on every path, the Gaussians made from it, the
+nonce layout, and the snapping of the noisy sum (docs/security.md). Statistical checks use
+thresholds (6 standard errors, p > 1e-6) that a correct generator fails about never."""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+import pickle
+import struct
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from dpaudit.train import chacha
+from dpaudit.train.engine import DPSGDEngine
+from dpaudit.train.sampling import SecureGenerator
+
+RFC_KEY = bytes(range(32))
+
+# RFC 8439 2.3.2: the block function, counter 1
+BLOCK_NONCE = bytes.fromhex("000000090000004a00000000")
+BLOCK_OUT = bytes.fromhex(
+    "10f1e7e4d13b5915500fdd1fa32071c4c7d1f4c733c068030422aa9ac3d46c4e"
+    "d2826446079faa0914c2d705d98b02a2b5129cd1de164eb9cbd083e8a2503c4e"
+)
+# RFC 8439 2.4.2: encryption from counter 1; the keystream is the ciphertext xor the plaintext
+CIPHER_NONCE = bytes.fromhex("000000000000004a00000000")
+PLAINTEXT = (b"Ladies and Gentlemen of the class of '99: If I could offer you only one tip for the future, "
+             b"sunscreen would be it.")
+CIPHERTEXT = bytes.fromhex(
+    "6e2e359a2568f98041ba0728dd0d6981e97e7aec1d4360c20a27afccfd9fae0b"
+    "f91b65c5524733ab8f593dabcd62b3571639d624e65152ab8f530c359f0861d8"
+    "07ca0dbf500d6a6156a38e088a22b65e52bc514d16ccf806818ce91ab7793736"
+    "5af90bbf74a35be6b40b8eedf2785e42874d"
+)
+
+
+def nonce_words(nonce: bytes) -> tuple[int, int, int]:
+    return struct.unpack("<3I", nonce)
+
+
+def as_bytes(words: torch.Tensor) -> bytes:
+    return words.cpu().numpy().astype("<i4").tobytes()
+
+
+def torch_words(key: bytes, nonce, first: int, count: int, *, device="cpu", compiled=False) -> torch.Tensor:
+    return chacha.TorchStream(chacha.key_tensor(key, device), nonce, first, compiled=compiled).read(count)
+
+
+def openssl_words(key: bytes, nonce, first: int, count: int) -> torch.Tensor:
+    return chacha.OpenSSLStream(key, nonce, first).read(count).clone()
+
+
+PATHS = {"torch": torch_words, "openssl": openssl_words}
+
+
+# --------------------------------------------------------------------------- ChaCha20
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_rfc8439_block_function(path):
+    assert as_bytes(PATHS[path](RFC_KEY, nonce_words(BLOCK_NONCE), 1, 1)) == BLOCK_OUT
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_rfc8439_keystream_encrypts_the_sunscreen_text(path):
+    keystream = as_bytes(PATHS[path](RFC_KEY, nonce_words(CIPHER_NONCE), 1, 2))
+    assert bytes(p ^ k for p, k in zip(PLAINTEXT, keystream)) == CIPHERTEXT
+
+
+def test_the_paths_give_the_same_words_for_the_same_key_nonce_and_counter():
+    key, nonce = os.urandom(32), struct.unpack("<3I", os.urandom(12))
+    for first, count in [(0, 300), (2**31 - 150, 300), (2**32 - 7, 7)]:  # the counter's sign bit, its end
+        assert torch.equal(torch_words(key, nonce, first, count), openssl_words(key, nonce, first, count))
+    for make in (lambda: chacha.TorchStream(chacha.key_tensor(key), nonce, 5), lambda: chacha.OpenSSLStream(key, nonce, 5)):
+        stream = make()  # reads continue where the last one ended
+        parts = [stream.read(3).clone(), stream.read(10).clone()]
+        assert torch.equal(torch.cat(parts), openssl_words(key, nonce, 5, 13))
+    with pytest.raises(ValueError, match="32-bit counter"):
+        chacha.OpenSSLStream(key, nonce, 2**32 - 2).read(3)
+    with pytest.raises(ValueError, match="32-bit counter"):
+        chacha.TorchStream(chacha.key_tensor(key), nonce, 2**32 - 2).read(3)
+
+
+@pytest.mark.slow  # torch.compile of the 20 rounds on the CPU takes a minute or more
+def test_the_compiled_torch_path_gives_the_same_words():
+    key, nonce = os.urandom(32), (1, 2, 3)
+    assert torch.equal(torch_words(key, nonce, 2**31 - 64, 4096, compiled=True), openssl_words(key, nonce, 2**31 - 64, 4096))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("compiled", [False, True])
+def test_the_cuda_path_gives_the_same_words(compiled):
+    key, nonce = os.urandom(32), (7, 8, 9)
+    words = torch_words(key, nonce, 2**31 - 64, 4096, device="cuda", compiled=compiled)
+    assert words.device.type == "cuda" and torch.equal(words.cpu(), openssl_words(key, nonce, 2**31 - 64, 4096))
+    z = chacha.normals(words, compiled=compiled).cpu()
+    assert torch.allclose(z, chacha.normals(words.cpu()), atol=1e-5, rtol=1e-5)
+
+
+# --------------------------------------------------------------------------- the generator
+
+
+def generator_with_key(key: bytes, device="cpu") -> SecureGenerator:
+    """A SecureGenerator under a known key: tests only (a real one never shows its key)."""
+    g = SecureGenerator(device)
+    g._SecureGenerator__key = key
+    return g
+
+
+def reference_normals(words: torch.Tensor) -> torch.Tensor:
+    """The documented layout in float64, written apart from the package's code."""
+    w = words.to(torch.int64).reshape(-1, 2, 16) & 0xFFFFFFFF
+    a, b = w[:, 0], w[:, 1]
+    angle = (a >> 16).double() * (2 * math.pi / 65536)
+    u = ((b << 16) + (a & 0xFFFF)).double().add(0.5).mul(2.0**-48)
+    radius = torch.sqrt(-2 * torch.log(u))
+    return torch.stack([radius * torch.cos(angle), radius * torch.sin(angle)], 1).reshape(-1)
+
+
+def test_nonces_follow_the_documented_layout_and_never_repeat(monkeypatch):
+    seen = []
+    real = chacha.OpenSSLStream.__init__
+
+    def spy(self, key, nonce, first_block=0):
+        seen.append((nonce, first_block))
+        real(self, key, nonce, first_block)
+
+    monkeypatch.setattr(chacha.OpenSSLStream, "__init__", spy)
+    g = SecureGenerator()
+    draws = []
+    for step in range(3):
+        g.next_step()
+        draws += [g.standard_normal((100,)), g.add_noise_(torch.zeros(7, 5), std=1.0)]
+    assert seen == [((d, s, 0), 0) for s in (1, 2, 3) for d in (0, 1)]  # (draw, step low, step high)
+    assert len({tuple(d.flatten().tolist()) for d in draws}) == len(draws)
+    g.step = 2**32 + 5  # the step's high word
+    g.next_step()
+    g.standard_normal((3,))
+    assert seen[-1] == ((0, 6, 1), 0)
+    g.draws = 2**32
+    with pytest.raises(RuntimeError, match="2\\^32 draws"):
+        g.standard_normal((3,))
+    g.step = 2**64 - 1
+    with pytest.raises(RuntimeError, match="2\\^64 steps"):
+        g.next_step()
+    monkeypatch.setattr(chacha, "MAX_BLOCKS", 4)  # 4 blocks make 64 normals
+    g.step = 0
+    g.next_step()
+    with pytest.raises(ValueError, match="2\\^32 blocks"):
+        g.standard_normal((65,))
+
+
+def test_the_draws_are_the_documented_function_of_the_keystream():
+    key = os.urandom(32)
+    g = generator_with_key(key)
+    g.next_step()
+    z = g.standard_normal((1000,), dtype=torch.float64)
+    words = openssl_words(key, (0, 1, 0), 0, 2 * 32)  # draw 0 of step 1: 32 groups for 1000 normals
+    assert torch.allclose(z, reference_normals(words)[:1000], atol=2e-6, rtol=2e-6)
+    fresh = SecureGenerator()  # another key: other draws for the same step and draw
+    fresh.next_step()
+    assert not torch.allclose(fresh.standard_normal((1000,), dtype=torch.float64), z)
+
+
+def test_the_key_stays_in_the_object():
+    g = SecureGenerator()
+    key = g._SecureGenerator__key
+    assert len(key) == 32 and key != SecureGenerator()._SecureGenerator__key
+    assert key.hex() not in repr(g) and key.hex() not in str(vars(g))
+    with pytest.raises(TypeError, match="cannot be pickled"):
+        pickle.dumps(g)
+    with pytest.raises(TypeError):
+        copy.deepcopy(g)
+
+
+def test_gaussians_pass_kolmogorov_smirnov_on_four_million_draws():
+    g = SecureGenerator()
+    z = g.standard_normal((2**22,), dtype=torch.float64)  # large: the compiled kernel
+    assert stats.kstest(z.numpy(), "norm").pvalue > 1e-6
+    n = z.numel()
+    assert abs(float(z.mean())) < 6 / math.sqrt(n) and abs(float(z.var()) - 1) < 6 * math.sqrt(2 / n)
+    assert abs(float((z**4).mean()) - 3) < 6 * math.sqrt(96 / n)  # the tails' weight: E z^4 = 3, Var z^4 = 96
+    assert float(z.abs().max()) < 8.25  # the radius' support ends at sqrt(2 ln 2^49) = 8.24
+
+
+def test_compiled_and_eager_kernels_agree():
+    words = openssl_words(os.urandom(32), (3, 0, 0), 0, 2 * 2**13)  # 2^18 normals
+    eager, compiled = chacha.normals(words), chacha.normals(words, compiled=True)
+    assert torch.allclose(eager, compiled, atol=1e-5, rtol=1e-5)
+    assert torch.allclose(eager.double(), reference_normals(words), atol=2e-5, rtol=1e-5)
+    s = torch.randn(words.numel(), generator=torch.Generator().manual_seed(0)) * 10
+    a = chacha.noisy_snapped(words, s, std=1.5, spacing=chacha.snap_spacing(1.5))
+    b = chacha.noisy_snapped(words, s, std=1.5, spacing=chacha.snap_spacing(1.5), compiled=True)
+    assert float((a != b).float().mean()) < 1e-3  # only sums within an ulp of a grid boundary may differ
+
+
+def test_steps_and_parameter_blocks_are_uncorrelated():
+    g = SecureGenerator()
+    rows = []
+    for _ in range(4):  # 4 steps of 4 parameter blocks
+        g.next_step()
+        rows += [g.standard_normal((40_000,), dtype=torch.float64) for _ in range(4)]
+    corr = torch.corrcoef(torch.stack(rows))
+    off = corr - torch.eye(len(rows), dtype=corr.dtype)
+    assert float(off.abs().max()) < 6 / math.sqrt(40_000)
+    z = rows[0].reshape(-1, 2, 16)  # within a group: the cosine and sine halves, and neighbours
+    for x, y in [(z[:, 0], z[:, 1]), (z[:, 0] ** 2, z[:, 1] ** 2), (rows[0][:-1], rows[0][1:])]:
+        r = float(torch.corrcoef(torch.stack([x.flatten(), y.flatten()]))[0, 1])
+        assert abs(r) < 6 / math.sqrt(x.numel())
+
+
+def test_keystream_bits_and_uniforms_are_uniform():
+    words = openssl_words(os.urandom(32), (0, 0, 0), 0, 2**14).numpy().view(np.uint32)  # 2^18 words
+    ones = np.array([((words >> bit) & 1).sum() for bit in range(32)])
+    n = len(words)
+    assert stats.chisquare(np.concatenate([ones, n - ones])).pvalue > 1e-6  # every bit position fair
+    pairs = words.astype(np.uint64).reshape(-1, 2, 16)
+    angles = (pairs[:, 0] >> np.uint64(16)).ravel()
+    u = ((pairs[:, 1] << np.uint64(16)) + (pairs[:, 0] & np.uint64(0xFFFF))).ravel().astype(np.float64) * 2.0**-48
+    assert stats.chisquare(np.bincount((angles >> np.uint64(6)).astype(np.int64), minlength=1024)).pvalue > 1e-6
+    assert stats.kstest(u, "uniform").pvalue > 1e-6
+
+
+# --------------------------------------------------------------------------- snapping
+
+
+def test_snap_spacing_is_a_power_of_two_between_std_over_128_and_std_over_64():
+    for std in [1e-6, 0.013, 0.5, 1.0, 1.3, 2.0, 3.999, 7.5e4]:
+        spacing = chacha.snap_spacing(std)
+        assert math.frexp(spacing)[0] == 0.5  # a power of two
+        assert std / 128 < spacing <= std / 64
+    for bad in [0.0, -1.0, math.inf, math.nan]:
+        with pytest.raises(ValueError):
+            chacha.snap_spacing(bad)
+
+
+def snapped_sums(words, s, std, *, compiled=False):
+    return chacha.noisy_snapped(words, s, std=std, spacing=chacha.snap_spacing(std), compiled=compiled)
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_every_noisy_sum_lies_on_the_grid(compiled):
+    words = openssl_words(os.urandom(32), (0, 0, 0), 0, 2 * 2**13)
+    n = words.numel()
+    g = torch.Generator().manual_seed(1)
+    # sums with low-order bits everywhere: tiny, ordinary, huge (coarser than the grid), negative
+    s = torch.randn(n, generator=g) * torch.logspace(-9, 9, n).float()[torch.randperm(n, generator=g)]
+    for std in (1.0, 0.37, 3e-4):
+        y = snapped_sums(words, s, std, compiled=compiled)
+        spacing = chacha.snap_spacing(std)
+        assert torch.isfinite(y).all()
+        assert torch.equal(y / spacing, torch.round(y / spacing))  # an integer multiple of the grid, exactly
+        assert float((y - s).abs().max()) <= 8.25 * std + spacing  # and the noise is no larger than it was
+
+
+def test_snapped_sums_match_exact_arithmetic_but_for_a_boundary_fraction():
+    words = openssl_words(os.urandom(32), (0, 0, 0), 0, 2 * 2**13)
+    s = torch.randn(words.numel(), generator=torch.Generator().manual_seed(2)) * 3
+    std = 1.0
+    spacing = chacha.snap_spacing(std)
+    y = snapped_sums(words, s, std).double()
+    exact = torch.round((s.double() + std * reference_normals(words)) / spacing) * spacing
+    wrong = y != exact
+    assert float(wrong.float().mean()) < 1e-3  # float32 error moved the sum across a grid boundary
+    assert torch.equal((y - exact)[wrong].abs(), torch.full((int(wrong.sum()),), spacing, dtype=torch.float64))
+
+
+def test_snapping_erases_the_sums_bits_below_the_grid():
+    """The floating-point attacks (Mironov 2012; Jin et al. 2021) read the unnoised value in the
+    output's low-order bits. With the same noise, two sums that differ below the grid give
+    outputs that differ in nearly every coordinate without snapping, and after snapping only
+    where the difference carries the sum across a grid boundary, the ideal mechanism's rate."""
+    words = openssl_words(os.urandom(32), (0, 0, 0), 0, 2 * 2**13)
+    n, std = words.numel(), 1.0
+    spacing = chacha.snap_spacing(std)
+    s = torch.randn(n, generator=torch.Generator().manual_seed(3))
+    delta = spacing / 8
+    z = chacha.normals(words)
+    raw_differs = float(((s + std * z) != (s + delta + std * z)).float().mean())
+    snapped_differs = (snapped_sums(words, s, std) != snapped_sums(words, s + delta, std)).float().mean()
+    assert raw_differs > 0.99
+    rate = delta / spacing  # the chance that a uniform position in a cell lies within delta of its upper end
+    assert abs(float(snapped_differs) - rate) < 6 * math.sqrt(rate / n) + 1e-3
+
+
+@pytest.mark.parametrize("offset", [0.0, 0.37])
+def test_the_snapped_outputs_have_the_rounded_gaussians_law_wherever_the_sum_lies(offset):
+    """Every grid cell within 3 standard deviations is reached, with the probability of the
+    exact Gaussian's mass in it: the set of outputs does not depend on where in a cell the sum
+    lies, and neither does anything but the ideal mechanism's probabilities."""
+    g = SecureGenerator()
+    std = 1.0
+    spacing = chacha.snap_spacing(std)
+    n = 2**20
+    s = torch.full((n,), offset * spacing)
+    k = (g.add_noise_(s, std=std) / spacing).round().long()
+    centre = int(3 * std / spacing)  # cells -centre .. centre, then one for the rest
+    edges = (torch.arange(-centre, centre + 2, dtype=torch.float64) - 0.5 - offset) * spacing
+    mass = np.diff(stats.norm.cdf(edges.numpy() / std))
+    inside = k.abs() <= centre
+    counts = torch.bincount(k[inside] + centre, minlength=2 * centre + 1).numpy()
+    assert (counts > 0).all()  # no holes
+    observed = np.concatenate([counts, [n - counts.sum()]])
+    expected = np.concatenate([mass, [1 - mass.sum()]]) * n
+    assert stats.chisquare(observed, expected).pvalue > 1e-6
+
+
+def test_the_engine_snaps_the_noisy_sum_in_secure_mode_only():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=50, n_embd=16, n_layer=1, n_head=2, n_positions=32))
+    units = [[torch.arange(2, 10)], [torch.arange(5, 12)]]
+    sigma, C, B = 1.3, 0.7, 4  # B a power of two: dividing by it keeps the grid exact
+    engine = DPSGDEngine(model, expected_batch_size=B, microbatch_size=4, pad_id=0, noise_multiplier=sigma,
+                         max_grad_norm=C)
+    spacing = chacha.snap_spacing(sigma * C)
+    generator = SecureGenerator()
+    generator.next_step()
+    engine.step(units, generator)
+    assert generator.draws == len(engine.params)  # one draw per parameter tensor
+    for p in engine.params.values():
+        k = p.grad * B / spacing
+        assert torch.equal(k, torch.round(k))
+    engine.step(units, torch.Generator().manual_seed(0))  # reproducible mode: torch.randn, no grid
+    off_grid = [bool((p.grad * B / spacing != torch.round(p.grad * B / spacing)).any()) for p in engine.params.values()]
+    assert all(off_grid)
+    engine.close()
