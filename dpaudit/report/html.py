@@ -3,7 +3,10 @@
 ``templates/base.html`` holds the page (inline CSS, no scripts, no external resources) and
 includes ``templates/sections/NAME.html`` for every entry of :data:`SECTIONS`, in order.
 A section is one template plus one function ``(report, images) -> context | None``; None
-leaves the section out. Autoescape is on: every value from the run directory is escaped.
+leaves the section out. A section may carry its template inline (``Section.template``, Jinja
+source) instead of a file, and :func:`render` takes another tuple of sections than
+:data:`SECTIONS`: a new section needs no file of this package. Autoescape is on: every value
+from the run directory is escaped.
 """
 
 from __future__ import annotations
@@ -21,8 +24,17 @@ __all__ = ["SECTIONS", "Section", "render"]
 
 @dataclass(frozen=True)
 class Section:
-    name: str  # templates/sections/NAME.html
+    """A report section: ``context(report, images)`` gives the template's ``c`` (None: the
+    section is left out); ``template`` is inline Jinja source, or None for the file
+    ``templates/sections/NAME.html``."""
+
+    name: str
     context: Callable[[Mapping[str, Any], Mapping[str, str]], dict[str, Any] | None]
+    template: str | None = None
+
+    @property
+    def template_name(self) -> str:
+        return f"sections/{self.name}.html" if self.template is None else f"inline/{self.name}.html"
 
 
 def _fmt(value: Any, spec: str = ".3f") -> str:
@@ -193,21 +205,24 @@ SECTIONS: tuple[Section, ...] = (
 )
 
 
-def render(report: Mapping[str, Any], images: Mapping[str, str]) -> str:
-    """The HTML page; ``images[stem]`` is a base64 PNG."""
+def render(report: Mapping[str, Any], images: Mapping[str, str], *,
+           sections: tuple[Section, ...] = SECTIONS) -> str:
+    """The HTML page of ``sections``, in order; ``images[stem]`` is a base64 PNG."""
     import jinja2
 
+    inline = {s.template_name: s.template for s in sections if s.template is not None}
     env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(Path(__file__).with_name("templates"))),
+        loader=jinja2.ChoiceLoader([jinja2.FileSystemLoader(str(Path(__file__).with_name("templates"))),
+                                    jinja2.DictLoader(inline)]),
         autoescape=True,
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,
     )
     env.filters["fmt"] = _fmt
-    sections = []
-    for s in SECTIONS:
+    shown = []
+    for s in sections:
         ctx = s.context(report, images)
         if ctx is not None:
-            sections.append({"template": f"sections/{s.name}.html", "name": s.name, "c": ctx})
-    return env.get_template("base.html").render(r=report, sections=sections)
+            shown.append({"template": s.template_name, "name": s.name, "c": ctx})
+    return env.get_template("base.html").render(r=report, sections=shown)
