@@ -21,6 +21,7 @@ from dpaudit.errors import InputError
 __all__ = ["attack_class", "available_attacks", "check_settings", "get_attack", "register", "runnable_attacks"]
 
 _REGISTRY: dict[str, type[Attack]] = {}
+RESERVED = frozenset({"index"})  # results/index.json marks the attack stage complete
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 
 
@@ -33,6 +34,8 @@ def register(name: str):
     """
     if not isinstance(name, str) or not _NAME_RE.match(name):
         raise ValueError(f"attack name {name!r} must be lower_snake_case")
+    if name in RESERVED:
+        raise ValueError(f"attack name {name!r} is reserved: results/{name}.json is a file of the attack stage's own")
 
     def decorator(cls):
         if name in _REGISTRY:

@@ -69,6 +69,8 @@ def test_registration_rules(scratch_registry):
     for bad in ("Loss", "min-k", "", "1x"):
         with pytest.raises(ValueError):
             register(bad)
+    with pytest.raises(ValueError, match="reserved"):  # results/index.json marks the attack stage complete
+        register("index")
     assert "positional_test" not in available_attacks()
 
 
