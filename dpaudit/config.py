@@ -186,6 +186,24 @@ class AttackConfig:
 
 
 @dataclass
+class LadderConfig:
+    """The threat-model ladder (Nasr et al. 2021, arXiv 2101.04535): besides the audit of the
+    released model, each DP model's trainer and claim are audited by adversaries of growing
+    strength. ``input_space``: a twin of the model trained by the same trainer with the same
+    claim in the isolated design (``input_space_canaries`` fresh-token canaries, only their
+    embedding rows training, full batch, plain SGD), on a corpus of ``twin_patients``
+    patients; ``gradient_canaries``: white-box Dirac canaries in the twin's DP-SGD run, scored
+    from every step's noisy sum (0: no white-box rung). ``trials``: draws of each rung's
+    ceiling simulation."""
+
+    enabled: bool = False
+    input_space_canaries: int = 4096
+    gradient_canaries: int = 1_000_000
+    twin_patients: int = 40
+    trials: int = 5
+
+
+@dataclass
 class AuditConfig:
     """How a model's DP claim is audited.
 
@@ -203,6 +221,9 @@ class AuditConfig:
     models: list[str] = field(default_factory=list)  # multi_run: the models audited; empty: all
     canary: str | None = None  # multi_run: the canary's id; None: the run's first canary
     attack: str = "loss"  # multi_run: an attack that needs only the model (loss, zlib, min_k, min_k_pp)
+    # of every verdict, jointly (union bound over the attacks, tests and rungs that enter it)
+    significance: float = 0.05
+    ladder: LadderConfig = field(default_factory=LadderConfig)
 
 
 @dataclass
@@ -459,6 +480,13 @@ def _validate_audit(config: Config) -> None:
                          f"(models: {', '.join(config.model_names())})")
     if a.mode == "multi_run" and config.canaries.num == 0:
         raise InputError("config key audit.mode multi_run needs a canary to insert: set canaries.num >= 1")
+    if not 0 < a.significance < 1:
+        raise InputError(f"config key audit.significance must be in (0, 1), got {a.significance}")
+    lad = a.ladder
+    _positive("audit.ladder.input_space_canaries", lad.input_space_canaries)
+    _positive("audit.ladder.gradient_canaries", lad.gradient_canaries, allow_zero=True)
+    _positive("audit.ladder.twin_patients", lad.twin_patients)
+    _positive("audit.ladder.trials", lad.trials)
 
 
 def _positive(path: str, value: float | None, *, allow_zero: bool = False) -> None:

@@ -86,6 +86,7 @@ from dpaudit.audit.two_sample import (
     two_sample_mu_ceiling,
 )
 from dpaudit.audit.assess import Claim, assess, ceilings
+from dpaudit.audit.ladder import RUNGS, Rung
 from dpaudit.audit.verdict import Status, Verdict, decide, fit_from_log, learned
 
 __all__ = [
@@ -140,6 +141,9 @@ __all__ = [
     "get_bound",
     "available_bounds",
     "BoundSpec",
+    # the threat-model ladder
+    "RUNGS",
+    "Rung",
     # verdict
     "Claim",
     "Status",

@@ -1,0 +1,170 @@
+"""The threat-model ladder: one claim, audited by adversaries of growing strength.
+
+Nasr, Song, Thakurta, Papernot, Carlini 2021 ("Adversary Instantiation: Lower Bounds for
+Differentially Private Machine Learning", arXiv 2101.04535) measure a DP-SGD claim against
+a ladder of adversaries; Steinke, Nasr, Jagielski 2023 (arXiv 2305.08846) do it in one run.
+The rungs here, each a sound one-run bound on the same claim (epsilon, delta, unit):
+
+- ``released``: the black-box audit of the model one would ship (its canaries scored on the
+  final model);
+- ``input_space``: the same trainer and claim in the isolated design (fresh-token canaries,
+  only their rows training, full batch, plain SGD): the input canaries' worst case, scored on
+  that twin's final model;
+- ``white_box``: Dirac gradient canaries inside a DP-SGD run of the trainer, scored from every
+  step's noisy clipped sum (all iterates).
+
+Each rung has its own ceiling: the median bound of the same tests on the *ideal* scores of
+its regime (noise multiplier sigma, Poisson rate q, T steps, m canaries, the same strategy
+and significance): each canary's score is the statistic a perfect attack on the final model
+of linear losses sees (Steinke et al. 2025, arXiv 2410.06186), k + N(0, T sigma^2) with
+k ~ Binomial(T, q) the steps that sampled it (0 when left out), in units of the clipping
+norm; for Dirac gradient canaries this is their score exactly. A rung far below its ceiling
+has a weak attack; a ceiling far below the claim is an audit that could not have seen much.
+
+The white-box rung tests one pre-registered number of guesses: the guess fraction whose
+ideal bound is the largest (:func:`choose_guess_fraction`), chosen by simulating the claimed
+mechanism alone, never the observed scores, so the test needs no correction for the choice.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from dpaudit.audit.canary_scores import CanaryScores
+from dpaudit.audit.claimed_curve import claimed_curve_bound
+from dpaudit.audit.results import BoundResult
+from dpaudit.audit.strategy import BonferroniStrategy, Strategy
+from dpaudit.errors import InputError
+from dpaudit.jsonable import jsonable
+
+__all__ = ["RUNGS", "Rung", "choose_guess_fraction", "ideal_bounds", "ideal_scores", "rung_bound"]
+
+#: The rungs, weakest adversary first, with what each one is.
+RUNGS: dict[str, str] = {
+    "released": "the released model, black-box",
+    "input_space": "input canaries, worst case (isolated, full batch)",
+    "white_box": "gradient canaries, all iterates",
+}
+
+#: Guess fractions the white-box rung pre-registers one of (by simulation of the claim).
+GUESS_FRACTIONS: tuple[float, ...] = (0.0005, 0.001, 0.003, 0.01, 0.03, 0.1, 0.3)
+
+
+@dataclass(frozen=True)
+class Rung:
+    """One rung of a model's ladder: its best sound bound (None when the rung was refused or
+    not run: ``refused`` says why), its ceiling (median of the ideal bounds, with their range),
+    the regime it ran in (``noise_multiplier``, ``sample_rate``, ``steps``), its canaries, and
+    what it cost in seconds."""
+
+    rung: str
+    bound: BoundResult | None
+    attack: str | None
+    ceiling: float | None
+    ceiling_range: tuple[float, float] | None
+    num_canaries: int
+    regime: dict[str, Any]
+    cost_s: float | None = None
+    refused: str | None = None
+
+    def __post_init__(self):
+        if self.rung not in RUNGS:
+            raise InputError(f"rung must be one of {', '.join(RUNGS)}, got {self.rung!r}")
+
+    @property
+    def epsilon(self) -> float | None:
+        return None if self.bound is None else self.bound.epsilon
+
+    def to_dict(self) -> dict[str, Any]:
+        return jsonable({
+            "rung": self.rung, "description": RUNGS[self.rung], "method": None if self.bound is None else self.bound.method,
+            "attack": self.attack, "epsilon": self.epsilon,
+            "confidence": None if self.bound is None else 1.0 - self.bound.significance,
+            "ceiling": self.ceiling, "ceiling_range": self.ceiling_range, "num_canaries": self.num_canaries,
+            "regime": self.regime, "cost_s": self.cost_s, "refused": self.refused,
+            "bound": None if self.bound is None else self.bound.to_dict(),
+        })
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Rung:
+        b = d.get("bound")
+        bound = None if b is None else BoundResult(
+            method=b["method"], epsilon=float(b["epsilon"]), delta=float(b["delta"]),
+            significance=float(b["significance"]), num_canaries=int(b["num_canaries"]),
+            num_guesses=b.get("num_guesses"), num_correct=b.get("num_correct"), strategy=b.get("strategy") or {},
+            details=b.get("details") or {}, sound=b.get("sound"))
+        rng = d.get("ceiling_range")
+        return cls(rung=d["rung"], bound=bound, attack=d.get("attack"), ceiling=d.get("ceiling"),
+                   ceiling_range=None if rng is None else (float(rng[0]), float(rng[1])),
+                   num_canaries=int(d["num_canaries"]), regime=dict(d.get("regime") or {}), cost_s=d.get("cost_s"),
+                   refused=d.get("refused"))
+
+
+def ideal_scores(rng: np.random.Generator, *, member: np.ndarray, noise_multiplier: float, sample_rate: float,
+                 steps: int) -> np.ndarray:
+    """Each canary's ideal score in its regime, in units of the clipping norm: the steps that
+    sampled it (Binomial(T, q) for a member, 0 otherwise) plus N(0, T sigma^2)."""
+    member = np.asarray(member, dtype=bool)
+    k = rng.binomial(steps, sample_rate, size=member.size) * member
+    return k + rng.normal(0.0, math.sqrt(steps) * noise_multiplier, size=member.size)
+
+
+def rung_bound(scores: CanaryScores, *, methods: Sequence[str], noise_multiplier: float, sample_rate: float,
+               steps: int, delta: float, significance: float, strategy: Strategy | None = None) -> BoundResult:
+    """The largest of the sound bounds ``methods`` (``one_run`` of Steinke et al. 2023 and
+    ``claimed_curve``, the DP-SGD family test of Mahloujifar et al. 2024, arXiv 2410.22235)
+    on ``scores``, each at ``significance / len(methods)`` (so the rung holds at
+    ``significance``)."""
+    per = significance / len(methods)
+    found = []
+    for method in methods:
+        if method == "claimed_curve":
+            found.append(claimed_curve_bound(scores, noise_multiplier=noise_multiplier, sample_rate=sample_rate,
+                                             steps=steps, delta=delta, significance=per, strategy=strategy))
+        else:
+            found.append(scores.bound(method, delta=delta, significance=per, strategy=strategy))
+    return max(found, key=lambda b: b.epsilon)
+
+
+def ideal_bounds(*, noise_multiplier: float, sample_rate: float, steps: int, num_canaries: int, delta: float,
+                 significance: float, methods: Sequence[str], strategy: Strategy | None = None, trials: int = 5,
+                 seed: int = 0) -> list[float]:
+    """The rung's bound on the ideal scores of its regime (:func:`ideal_scores`), ``trials``
+    times: each a draw of m canaries, each in with probability 1/2."""
+    if trials < 1:
+        raise InputError(f"trials must be at least 1, got {trials}")
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(trials):
+        member = rng.random(num_canaries) < 0.5
+        s = ideal_scores(rng, member=member, noise_multiplier=noise_multiplier, sample_rate=sample_rate, steps=steps)
+        cs = CanaryScores(in_scores=s[member], out_scores=s[~member], seed=0)
+        out.append(rung_bound(cs, methods=methods, noise_multiplier=noise_multiplier, sample_rate=sample_rate,
+                              steps=steps, delta=delta, significance=significance, strategy=strategy).epsilon)
+    return out
+
+
+def choose_guess_fraction(*, noise_multiplier: float, sample_rate: float, steps: int, num_canaries: int,
+                          delta: float, significance: float, grid: Sequence[float] = GUESS_FRACTIONS,
+                          seed: int = 0) -> float:
+    """The guess fraction of ``grid`` whose claimed-curve bound is the largest on one draw of
+    the ideal scores of the claim (sigma, q, T) with m canaries. The choice depends on the
+    claim alone, never on observed scores, so a test at it needs no correction for it."""
+    best: tuple[float, float] | None = None
+    for g in grid:
+        if max(1, round(g * num_canaries)) < 2:
+            continue
+        (value,) = ideal_bounds(noise_multiplier=noise_multiplier, sample_rate=sample_rate, steps=steps,
+                                num_canaries=num_canaries, delta=delta, significance=significance,
+                                methods=("claimed_curve",), strategy=BonferroniStrategy(grid=(g,)), trials=1,
+                                seed=seed)
+        if best is None or value > best[0]:
+            best = (value, g)
+    if best is None:
+        raise InputError(f"{num_canaries} canaries are too few for a white-box rung")
+    return best[1]
