@@ -58,13 +58,15 @@ GUESS_FRACTIONS: tuple[float, ...] = (0.0005, 0.001, 0.003, 0.01, 0.03, 0.1, 0.3
 @dataclass(frozen=True)
 class Rung:
     """One rung of a model's ladder: its best sound bound (None when the rung was refused or
-    not run: ``refused`` says why), its ceiling (median of the ideal bounds, with their range),
-    the regime it ran in (``noise_multiplier``, ``sample_rate``, ``steps``), its canaries, and
-    what it cost in seconds."""
+    not run: ``refused`` says why), the rung's significance (the union over every test it
+    tried: its best bound holds with confidence 1 - significance), its ceiling (median of the
+    ideal bounds, with their range), the regime it ran in (``noise_multiplier``,
+    ``sample_rate``, ``steps``), its canaries, and what it cost in seconds."""
 
     rung: str
     bound: BoundResult | None
     attack: str | None
+    significance: float | None
     ceiling: float | None
     ceiling_range: tuple[float, float] | None
     num_canaries: int
@@ -84,7 +86,8 @@ class Rung:
         return jsonable({
             "rung": self.rung, "description": RUNGS[self.rung], "method": None if self.bound is None else self.bound.method,
             "attack": self.attack, "epsilon": self.epsilon,
-            "confidence": None if self.bound is None else 1.0 - self.bound.significance,
+            "significance": self.significance,
+            "confidence": None if self.significance is None else 1.0 - self.significance,
             "ceiling": self.ceiling, "ceiling_range": self.ceiling_range, "num_canaries": self.num_canaries,
             "regime": self.regime, "cost_s": self.cost_s, "refused": self.refused,
             "bound": None if self.bound is None else self.bound.to_dict(),
@@ -99,7 +102,8 @@ class Rung:
             num_guesses=b.get("num_guesses"), num_correct=b.get("num_correct"), strategy=b.get("strategy") or {},
             details=b.get("details") or {}, sound=b.get("sound"))
         rng = d.get("ceiling_range")
-        return cls(rung=d["rung"], bound=bound, attack=d.get("attack"), ceiling=d.get("ceiling"),
+        return cls(rung=d["rung"], bound=bound, attack=d.get("attack"), significance=d.get("significance"),
+                   ceiling=d.get("ceiling"),
                    ceiling_range=None if rng is None else (float(rng[0]), float(rng[1])),
                    num_canaries=int(d["num_canaries"]), regime=dict(d.get("regime") or {}), cost_s=d.get("cost_s"),
                    refused=d.get("refused"))
