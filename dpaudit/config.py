@@ -7,8 +7,10 @@ A config is built from a preset name (``tiny``, ``demo``, ``gpu``) or a YAML fil
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import re
+from collections.abc import Mapping
 import types
 import typing
 from dataclasses import dataclass, field
@@ -290,9 +292,11 @@ class Config:
 # --------------------------------------------------------------------------- loading
 
 
-def load_config(source: str | Path | None = None, *, overrides: list[str] | tuple[str, ...] = ()) -> Config:
-    """Load a preset name or a YAML file, apply ``key.path=value`` overrides, validate."""
-    raw = _read_source(source or "demo")
+def load_config(source: str | Path | Mapping[str, Any] | None = None, *,
+                overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Load a preset name, a YAML file or a mapping (a config's ``to_dict()``), apply
+    ``key.path=value`` overrides, validate."""
+    raw = copy.deepcopy(dict(source)) if isinstance(source, Mapping) else _read_source(source or "demo")
     for item in overrides:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():

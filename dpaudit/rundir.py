@@ -155,6 +155,7 @@ class ModelDir:
     results_dir = property(lambda self: self.root / "results")
     extraction_path = property(lambda self: self.root / "extraction.json")
     multi_run_path = property(lambda self: self.root / "multi_run.json")
+    ladder_path = property(lambda self: self.root / "ladder.json")
 
     def is_trained(self) -> bool:
         """The model directory was renamed into place by the train stage."""

@@ -108,35 +108,46 @@ class Claim:
         return None if self.kind == "unknown" else self.epsilon
 
 
-def ceilings(bounds: Sequence[tuple[str, BoundResult]], *, claim: Claim, num_canaries: int | None = None,
+def ceilings(bounds: Sequence[tuple[str, BoundResult]], *, claim: Claim,
              warn: Callable[[str], None] | None = None) -> dict[str, float]:
-    """The ceiling of each sound method among ``bounds``: the bound it would report with every
-    guess right (one run: ``one_run``, ``claimed_curve``) or every run told apart
-    (``clopper_pearson``), for the same canaries or runs, strategy, significance and delta (the
-    claim's delta when it has one). ``num_canaries`` overrides the canaries a one-run method
-    counts. A ceiling that cannot be computed is left out (and ``warn`` is told why)."""
-    from dpaudit.audit.ceilings import claimed_curve_ceiling, one_run_ceiling
-
+    """The ceiling of each sound method among ``bounds``: the largest bound it could report,
+    with every guess right (one run: ``one_run``, ``claimed_curve``, the latter for the DP-SGD
+    family of its own details) or every run told apart (``clopper_pearson``), for the same
+    canaries or runs, strategy, significance and delta (the claim's delta when it has one);
+    the largest over the bounds of a method. A ceiling that cannot be computed is left out (and
+    ``warn`` is told why)."""
     out: dict[str, float] = {}
-    for method in ("one_run", "claimed_curve", "clopper_pearson"):
-        ref = next((b for _, b in bounds if b.sound and b.method == method), None)
-        if ref is None:
+    seen: set[tuple] = set()
+    for _, b in bounds:
+        if not b.sound or b.method not in ("one_run", "claimed_curve", "clopper_pearson"):
             continue
-        common = dict(significance=float(ref.significance), strategy=strategy_from_dict(ref.strategy),
-                      delta=float(claim.delta if claim.delta is not None else ref.delta))
+        family = tuple(b.details.get(k) for k in ("noise_multiplier", "sample_rate", "steps"))
+        key = (b.method, b.num_canaries, b.significance, repr(b.strategy), family, b.delta)
+        if key in seen:
+            continue
+        seen.add(key)
+        delta = float(claim.delta if claim.delta is not None else b.delta)
         try:
-            if method == "clopper_pearson":
-                out[method] = _runs_ceiling(ref, **common)
-                continue
-            m = int(num_canaries or ref.num_canaries)
-            if method == "one_run":
-                out[method] = float(one_run_ceiling(method="one_run", num_canaries=m, **common))
-            else:
-                out[method] = float(claimed_curve_ceiling(num_canaries=m, **common, **(claim.family or {})))
+            value = _ceiling(b, delta=delta, family=family)
         except (InputError, TypeError, ValueError) as err:
             if warn is not None:
-                warn(f"{method} ceiling not computed: {err}")
+                warn(f"{b.method} ceiling not computed: {err}")
+            continue
+        out[b.method] = max(out.get(b.method, value), value)
     return out
+
+
+def _ceiling(b: BoundResult, *, delta: float, family: tuple) -> float:
+    from dpaudit.audit.ceilings import claimed_curve_ceiling, one_run_ceiling
+
+    common = dict(significance=float(b.significance), strategy=strategy_from_dict(b.strategy), delta=delta)
+    if b.method == "clopper_pearson":
+        return _runs_ceiling(b, **common)
+    m = int(b.num_canaries + b.details.get("selection_num_canaries", 0))
+    if b.method == "one_run":
+        return float(one_run_ceiling(method="one_run", num_canaries=m, **common))
+    sigma, q, steps = family
+    return float(claimed_curve_ceiling(num_canaries=m, noise_multiplier=sigma, sample_rate=q, steps=steps, **common))
 
 
 def _runs_ceiling(ref: BoundResult, *, delta: float, significance: float, strategy) -> float:
@@ -169,7 +180,7 @@ def accounting_mismatch(record, checks: Mapping[str, Any] | None) -> str | None:
 
 
 def assess(*, bounds: Sequence[tuple[str, BoundResult]], claim: Claim, learned: bool | None,
-           ceiling: float | None = None, num_canaries: int | None = None, checks: Mapping[str, Any] | None = None,
+           ceiling: float | None = None, checks: Mapping[str, Any] | None = None,
            record=None, remedy: tuple[str, str] | None = None) -> Verdict:
     """The verdict of an audit (the module docstring). ``ceiling`` is the largest of
     :func:`ceilings` unless given; ``checks`` are the trainer's sampler and update checks
@@ -177,7 +188,7 @@ def assess(*, bounds: Sequence[tuple[str, BoundResult]], claim: Claim, learned: 
     of, what to do), e.g. ("the ceiling of 8 runs per side", "add runs"), words the reason of
     an audit whose ceiling is at or below the claim (default: its canaries, add canaries)."""
     if ceiling is None:
-        ceiling = max(ceilings(bounds, claim=claim, num_canaries=num_canaries).values(), default=None)
+        ceiling = max(ceilings(bounds, claim=claim).values(), default=None)
     verdict = decide(bounds=bounds, claimed_epsilon=claim.claimed_epsilon, accountant_epsilon=claim.epsilon_at,
                      ceiling=ceiling, learned=learned)
     if remedy is not None and verdict.status == Status.INCONCLUSIVE and verdict.ceiling is not None \

@@ -96,11 +96,7 @@ class Rung:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Rung:
         b = d.get("bound")
-        bound = None if b is None else BoundResult(
-            method=b["method"], epsilon=float(b["epsilon"]), delta=float(b["delta"]),
-            significance=float(b["significance"]), num_canaries=int(b["num_canaries"]),
-            num_guesses=b.get("num_guesses"), num_correct=b.get("num_correct"), strategy=b.get("strategy") or {},
-            details=b.get("details") or {}, sound=b.get("sound"))
+        bound = None if b is None else BoundResult.from_dict(b)
         rng = d.get("ceiling_range")
         return cls(rung=d["rung"], bound=bound, attack=d.get("attack"), significance=d.get("significance"),
                    ceiling=d.get("ceiling"),

@@ -5,6 +5,7 @@ and every registered bound of one set of canary scores), frozen, with ``summary(
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -115,6 +116,18 @@ class BoundResult:
         return f"{head}; {body}"
 
     __str__ = summary
+
+    @classmethod
+    def from_dict(cls, d) -> BoundResult:
+        """Inverse of :meth:`to_dict` (its extra keys, paper and arXiv id, are the registry's;
+        a missing ``sound`` is the registry's too)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        kwargs = {k: v for k, v in d.items() if k in names}
+        kwargs.setdefault("strategy", {})
+        kwargs.setdefault("details", {})
+        for k in ("num_guesses", "num_correct"):
+            kwargs.setdefault(k, None)
+        return cls(**kwargs)
 
     def to_dict(self) -> dict:
         return jsonable(

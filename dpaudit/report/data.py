@@ -149,13 +149,12 @@ def assemble(snapshot: RunSnapshot, *, include_texts: bool = False, title: str |
     if not snapshot.names:
         raise InputError(f"nothing to report in {snapshot.name}: no models")
     canaries, canary_rows = _canaries(snapshot.canaries, include_texts, warnings)
-    num_canaries = canaries["count"] if canaries else None
     reps = canaries["repetitions"] if canaries and isinstance(canaries["repetitions"], int) else 1
 
     models, roc, ext_rows, patient_rows, bound_rows = [], {}, [], [], []
     for model in snapshot.models:
-        entry, model_warnings, r, e, p, b = model_entry(model, include_texts=include_texts, num_canaries=num_canaries,
-                                                        repetitions=reps, trainable=snapshot.trainable)
+        entry, model_warnings, r, e, p, b = model_entry(model, include_texts=include_texts, repetitions=reps,
+                                                        trainable=snapshot.trainable)
         warnings.extend(f"{model.name}: {w}" for w in model_warnings)
         models.append(entry)
         roc[model.name] = r

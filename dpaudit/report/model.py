@@ -17,12 +17,12 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
+from dpaudit.audit.results import BoundResult
 from dpaudit.errors import InputError
 from dpaudit.jsonable import jsonable
 from dpaudit.report.extraction import extraction_summary, patient_epsilons
@@ -154,18 +154,6 @@ def _split_summary(split: Mapping[str, Any]) -> dict[str, Any]:
 
 
 
-def _bound_result(d: Mapping[str, Any]):
-    from dpaudit.audit import BoundResult
-
-    names = {f.name for f in dataclasses.fields(BoundResult)}
-    kwargs = {k: v for k, v in d.items() if k in names}
-    kwargs.setdefault("strategy", {})
-    kwargs.setdefault("details", {})
-    for k in ("num_guesses", "num_correct"):
-        kwargs.setdefault(k, None)
-    return BoundResult(**kwargs)
-
-
 
 def _attacks(results, warn) -> tuple[dict, dict, list, dict]:
     """(attacks, canary_attacks, [(attack, BoundResult)], roc arrays)."""
@@ -192,7 +180,7 @@ def _attacks(results, warn) -> tuple[dict, dict, list, dict]:
                     warn(f"{name}/{method}: epsilon bound is missing or not finite; skipped")
                     continue
                 try:
-                    br = _bound_result({"method": method, **b})
+                    br = BoundResult.from_dict({"method": method, **b})
                 except (InputError, TypeError, ValueError) as err:
                     warn(f"{name}/{method}: unreadable bound ({err}); skipped")
                     continue
@@ -290,7 +278,7 @@ def _error(model: ModelSnapshot) -> str | None:
 # --------------------------------------------------------------------------- one model
 
 
-def model_entry(model: ModelSnapshot, *, include_texts: bool, num_canaries: int | None, repetitions: int,
+def model_entry(model: ModelSnapshot, *, include_texts: bool, repetitions: int,
                 trainable: str) -> tuple[dict, list[str], dict, list, list, list]:
     """(entry, warnings, roc arrays, extraction rows, patient-secret rows, bound rows) of one model."""
     from dpaudit.audit import assess, ceilings, fit_from_log, learned
@@ -313,7 +301,7 @@ def model_entry(model: ModelSnapshot, *, include_texts: bool, num_canaries: int 
     checks = _train_checks(model.checks, warn)
     attacks, canary_attacks, bounds, roc = _attacks(model.results, warn)
     claim, group_note = _claim(privacy, dp, record, repetitions)
-    found = ceilings(bounds, claim=claim, num_canaries=num_canaries, warn=warn)
+    found = ceilings(bounds, claim=claim, warn=warn)
     extraction, ext_rows, patient_rows = extraction_summary(model.name, model.extraction, include_texts, warn)
     if group_note:
         warn(group_note)

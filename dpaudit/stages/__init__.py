@@ -1,7 +1,8 @@
 """The stages of a run, one module each, and :func:`run`, which chains them.
 
-prepare -> train (base, then every model) -> fleet -> attack -> extract -> multi-run audit
-(``audit.mode: multi_run`` only) -> report.
+prepare -> train (base, then every model) -> fleet -> attack -> extract -> the threat-model
+ladder (``audit.ladder.enabled`` only) -> multi-run audit (``audit.mode: multi_run`` only) ->
+report.
 Every stage reads and writes only through :class:`dpaudit.rundir.RunDir`; a stage whose
 artifacts are in place is skipped, so rerunning :func:`run` on the same directory resumes.
 A model that fails is recorded in its ``error.json`` and the run goes on with the others.
@@ -172,6 +173,10 @@ def attack_run(rundir: RunDir | str | Path, *, config: Config | None = None, dat
             md.clear_error()
         except Exception as err:  # noqa: BLE001
             _fail(result, md, "attack", err)
+    if config.audit.ladder.enabled:
+        from dpaudit.stages.ladder import ladder_run
+
+        ladder_run(rundir, config)
     if config.audit.mode == "multi_run":
         from dpaudit.stages.multi_run import multi_run_model
 

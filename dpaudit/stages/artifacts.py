@@ -67,6 +67,24 @@ def write_training(directory: str | Path, record) -> None:
         write_dp_record(directory, record.dp)
 
 
+def write_ladder(model_dir: ModelDir, rungs) -> None:
+    """``models/NAME/ladder.json``: the model's rungs (:class:`dpaudit.audit.Rung`)."""
+    write_json_atomic(model_dir.ladder_path, {"schema_version": SCHEMA_VERSION, "rungs": [r.to_dict() for r in rungs]})
+
+
+def read_ladder(model_dir: ModelDir) -> list | None:
+    """The model's rungs, or None when no ladder was run for it."""
+    from dpaudit.audit.ladder import Rung
+
+    if not model_dir.ladder_path.is_file():
+        return None
+    data = read_json(model_dir.ladder_path)
+    try:
+        return [Rung.from_dict(r) for r in data["rungs"]]
+    except (KeyError, TypeError, ValueError, InputError) as err:
+        raise InputError(f"{model_dir.ladder_path}: not a ladder ({err})") from None
+
+
 # --------------------------------------------------------------------------- the prepared data
 
 

@@ -18,6 +18,7 @@ import numpy as np
 from dpaudit.errors import InputError
 from dpaudit.rundir import ModelDir, RunDir
 from dpaudit.stages.artifacts import read_dp_record, read_tokenizer
+from dpaudit.stages.ladder import rung_significance
 from dpaudit.stages.signal_cache import cached_signals
 
 log = logging.getLogger(__name__)
@@ -186,8 +187,8 @@ def attack_model(rundir: RunDir, config, md: ModelDir, *, texts: list[str], reco
     record = read_dp_record(md)
     delta = float(record.delta if record is not None and record.delta else default_delta)
     claimed = claimed_family(record, config)
-    # the largest sound bound over the attacks (and both sound tests) holds at SIGNIFICANCE
-    significance = SIGNIFICANCE / (len(scores) * (2 if claimed else 1))
+    # the largest sound bound over the attacks (and both sound tests) holds at the rung's significance
+    significance = rung_significance(config) / (len(scores) * (2 if claimed else 1))
     n = len(record_labels)
     summary = {}
     for name, s in scores.items():

@@ -34,6 +34,7 @@ from dpaudit.config import Config, load_config
 from dpaudit.errors import InputError
 from dpaudit.rundir import RunDir
 from dpaudit.stages.artifacts import read_dp_record, read_tokenizer
+from dpaudit.stages.ladder import rung_significance
 from dpaudit.stages.signal_cache import load_signals
 
 MODEL = "validate"
@@ -41,16 +42,19 @@ SIGNIFICANCE = 0.05
 # The audit design (``docs/ceilings.md``): isolated canaries (two new tokens each, no token in
 # two canaries) and only the input embedding training, so that each canary's gradient lies
 # mostly on rows of its own and the canaries do not drown each other.
-ISOLATED = ("canaries.set=new_token_bare", "model.trainable=input_embeddings")
+ISOLATED_CANARIES, ISOLATED_TRAINABLE = "new_token_bare", "input_embeddings"
+ISOLATED = (f"canaries.set={ISOLATED_CANARIES}", f"model.trainable={ISOLATED_TRAINABLE}")
 # With a base model to calibrate by: plain SGD without momentum at a small learning rate, so
 # that on a canary's rows the final model minus the base is the sum of the noisy clipped
 # gradients, the linear statistic the DP-SGD family describes. AdamW's per-coordinate
 # normalisation of the same sums cost a third of the bound. Without a base, each canary's rows
 # start at a random point and only large updates stand out, so the preset's optimizer stays.
-LINEAR = ("train.optimizer=sgd", "train.momentum=0", "train.lr=0.01")
+LINEAR_TRAIN = {"optimizer": "sgd", "momentum": 0.0, "lr": 0.01}
+LINEAR = tuple(f"train.{k}={v}" for k, v in LINEAR_TRAIN.items())
 FULL_BATCH_STEPS = 10  # validate --full-batch, unless train.steps is set (the config file or --set)
 JSON_KEYS = ("verdict", "reason", "epsilon_lower_bound", "method", "significance", "num_canaries", "num_guesses",
-             "num_correct", "claimed_epsilon", "delta", "ceiling")
+             "num_correct", "claimed_epsilon", "delta", "ceiling", "rungs")
+RUNGS = 2  # input_space (its canaries) and white_box (its gradient canaries): each at SIGNIFICANCE / 2
 
 
 def validate_overrides(*, trainer: str, canaries: int | None = None, overrides: Sequence[str] = (),
@@ -61,7 +65,9 @@ def validate_overrides(*, trainer: str, canaries: int | None = None, overrides: 
     base model (``docs/ceilings.md``). ``dpaudit train`` with the same overrides trains the
     same model."""
     base = load_config(config, overrides=[*ISOLATED, *overrides]).trains_base()
-    sets = [*ISOLATED, *(LINEAR if base else ()), "canaries.secrets.num=0", "fleet.num_models=0", *overrides,
+    gradient = load_config(config).audit.ladder.gradient_canaries
+    sets = [*ISOLATED, *(LINEAR if base else ()), "canaries.secrets.num=0", "fleet.num_models=0",
+            f"train.dp.gradient_canaries={gradient}", f"audit.significance={SIGNIFICANCE / RUNGS}", *overrides,
             f"models=[{{name: {MODEL}}}]", f"train.trainer={trainer}"]
     if canaries is not None:
         if canaries < 2:
@@ -136,10 +142,12 @@ def validate(*, trainer: str, epsilon: float, delta: float, canaries: int | None
 
 
 def verdict_of(rundir: RunDir, *, epsilon: float, delta: float) -> dict[str, Any]:
-    """The verdict on the claim (``epsilon``, ``delta``) from the saved canary scores
-    (:func:`dpaudit.audit.assess`, with the trainer's DP record and sampler checks)."""
+    """The verdict on the claim (``epsilon``, ``delta``) from the saved canary scores and the
+    trainer's gradient canaries (:func:`dpaudit.audit.assess`, with the trainer's DP record and
+    sampler checks): two rungs of the threat-model ladder, each at half the significance."""
     from dpaudit.audit import CanaryScores, Claim, assess, claimed_curve_bound, learned
     from dpaudit.stages.attack import claimed_family
+    from dpaudit.stages.ladder import canary_rung, white_box_rung
 
     md = rundir.model(MODEL)
     results = md.read_results()
@@ -148,7 +156,8 @@ def verdict_of(rundir: RunDir, *, epsilon: float, delta: float) -> dict[str, Any
     config = rundir.read_config()
     record = read_dp_record(md)
     family = claimed_family(record, config)
-    significance = SIGNIFICANCE / (len(results) * (2 if family else 1))  # the best test holds at SIGNIFICANCE
+    tests = len(results) * (2 if family else 1)
+    significance = rung_significance(config) / tests  # the best test holds at the rung's significance
     bounds = []
     for name, r in results.items():
         scores, labels = r["arrays"]["canaries"]
@@ -156,6 +165,13 @@ def verdict_of(rundir: RunDir, *, epsilon: float, delta: float) -> dict[str, Any
         bounds.append((name, cs.bound("one_run", delta=delta, significance=significance)))
         if family:
             bounds.append((name, claimed_curve_bound(cs, **family, delta=delta, significance=significance)))
+    attack, best = max(((a, b) for a, b in bounds), key=lambda t: t[1].epsilon, default=(None, None))
+    rungs = [canary_rung("input_space", bound=best, attack=attack, attacks=len(results), record=record,
+                         config=config, num_canaries=config.canaries.num, cost_s=None,
+                         refused="no canary scores"),
+             white_box_rung(rundir, config, MODEL, delta=delta)]
+    if rungs[1].bound is not None:
+        bounds.append(("white_box", dataclasses.replace(rungs[1].bound, significance=rungs[1].significance)))
     initial, final = fit_losses(rundir, md)
     checks = md.read_train_checks()
     verdict = assess(bounds=bounds, claim=Claim.stated(epsilon=epsilon, delta=delta, family=family),
@@ -163,8 +179,8 @@ def verdict_of(rundir: RunDir, *, epsilon: float, delta: float) -> dict[str, Any
                      checks=checks, record=record)
     out = {k: v for k, v in verdict.to_dict().items() if k in JSON_KEYS}
     return {"verdict": verdict.status.value, **out, "claimed_epsilon": epsilon, "delta": delta,
-            "exit_code": verdict.exit_code, "run_dir": str(rundir.root), "checks": checks, "initial_loss": initial,
-            "final_loss": final}
+            "exit_code": verdict.exit_code, "rungs": [r.to_dict() for r in rungs], "run_dir": str(rundir.root),
+            "checks": checks, "initial_loss": initial, "final_loss": final}
 
 
 def fit_losses(rundir: RunDir, md) -> tuple[float | None, float | None]:
