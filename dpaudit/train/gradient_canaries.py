@@ -95,7 +95,11 @@ class GradientCanaries:
 
     def draw_sampled(self) -> np.ndarray:
         """Which members are in this step: bool[number of members], each independently with
-        probability q, drawn as :class:`~dpaudit.train.sampling.PoissonSampler` draws a unit."""
+        probability q: a seeded uniform below q, as :class:`~dpaudit.train.sampling.PoissonSampler`
+        draws a unit, or in secure mode :meth:`~dpaudit.train.sampling.OSRandom.bernoulli` (32
+        bits of the OS a draw: probability q rounded down to a multiple of 2^-32, never above q)."""
+        if isinstance(self.rng, OSRandom):
+            return self.rng.bernoulli(self.sample_rate, self._members.size)
         return self.rng.random(self._members.size) < self.sample_rate
 
     def block(self, *, device: torch.device | str = "cpu") -> torch.Tensor:

@@ -94,6 +94,15 @@ class OSRandom:
         """A uniformly random permutation of ``range(n)`` (the order of 53-bit random keys)."""
         return np.argsort(self.random(n), kind="stable")
 
+    def bernoulli(self, p: float, size: int) -> np.ndarray:
+        """``size`` independent booleans, each True with probability floor(p 2^32) / 2^32 (at
+        most p, and less by under 2^-32): a 32-bit word of the OS below floor(p 2^32). Half the
+        bytes of ``random(size) < p``, for draws as many as the gradient canaries' every step."""
+        if p >= 1:
+            return np.ones(int(size), dtype=bool)
+        words = np.frombuffer(os.urandom(4 * int(size)), dtype=np.uint32)
+        return words < np.uint32(math.floor(p * 2.0**32))
+
 
 class SecureGenerator(torch.Generator):
     """The noise source of secure mode: Gaussians from ChaCha20 (RFC 8439) under a 256-bit key
