@@ -10,8 +10,8 @@ the training run adds to its clipped sums. Here (``train.dp.gradient_canaries: M
   update is the same as without canaries.
 - Membership: each canary is a member with probability 1/2, drawn once at the start (the
   one-run design). Inclusion: at every step each member is in the step's sum independently
-  with the run's Poisson rate q (``PrivacyPlan.sample_rate``), drawn as a protected unit's
-  (uniforms below q); a non-member never is.
+  with the run's Poisson rate q (``PrivacyPlan.sample_rate``), as a protected unit is
+  (:meth:`GradientCanaries.draw_sampled`); a non-member never is.
 - The engine (:meth:`dpaudit.train.engine.GradientEngine.canary_step`) takes the step's
   block ``C * sampled`` as the clipped sum of the canaries' coordinates, adds the noise with
   its own ``add_noise`` as it does to the parameters' sums, and hands the noisy block back

@@ -69,8 +69,8 @@ from dpaudit.progress import Progress
 from dpaudit.train import checks
 from dpaudit.train.engine import DPSGDEngine, GradientEngine, NonPrivateEngine
 from dpaudit.train.evaluate import evaluate
-from dpaudit.train.gradient_canaries import GradientCanaries
 from dpaudit.train.ghost import choose_engine
+from dpaudit.train.gradient_canaries import GradientCanaries
 from dpaudit.train.plan import (
     PrivacyPlan,
     dp_record,
