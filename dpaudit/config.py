@@ -112,6 +112,10 @@ class DPConfig:
     # false (secure mode): noise and Poisson sampling from OS entropy, never recorded, so nobody
     # can replay them; true: both seeded from the run seed (audits, tests), not fit for release
     reproducible: bool = False
+    # white-box audit: this many Dirac canary gradients of norm C on coordinates of their own,
+    # added to the clipped sum before the noise (dpaudit.train.gradient_canaries); 0: off.
+    # A model trained with them is an audit model, not fit for release
+    gradient_canaries: int = 0
 
 
 @dataclass
@@ -512,6 +516,7 @@ def _validate_train(t: TrainConfig) -> None:
     positive("train.warmup_steps", t.warmup_steps, allow_zero=True)
     positive("train.weight_decay", t.weight_decay, allow_zero=True)
     positive("train.dp.max_grad_norm", d.max_grad_norm)
+    positive("train.dp.gradient_canaries", d.gradient_canaries, allow_zero=True)
     if ":" not in t.trainer:
         raise InputError(f"config key train.trainer must be MODULE:FUNCTION, got {t.trainer!r}")
     if d.noise_multiplier is not None and d.noise_multiplier <= 0:

@@ -12,7 +12,8 @@ A run is a set of models that share their data, canaries and reference fleet::
       fleet/                 reference models and their keep matrix         (fleet)
       signals/               signals of the reference models                (attack)
       models/NAME/           model/, train_log.jsonl, dp_event.json,        (train)
-                             train_checks.json, error.json
+                             train_checks.json, gradient_canaries.npz,
+                             error.json
                              signals/, results/ATTACK.json|npz              (attack)
                              extraction.json                                (extract)
                              multi_run.json|npz                             (multi-run audit)
@@ -134,6 +135,7 @@ def write_jsonl_atomic(path: str | Path, rows: list[dict[str, Any]]) -> None:
 
 # file names that trainers write into the directory they are given (the plug-in's run_dir)
 TRAIN_LOG, DP_EVENT, TRAIN_CHECKS = "train_log.jsonl", "dp_event.json", "train_checks.json"
+GRADIENT_CANARIES = "gradient_canaries.npz"  # a DP run with train.dp.gradient_canaries > 0
 
 
 class ModelDir:
@@ -150,6 +152,7 @@ class ModelDir:
     train_log_path = property(lambda self: self.root / TRAIN_LOG)
     dp_event_path = property(lambda self: self.root / DP_EVENT)
     train_checks_path = property(lambda self: self.root / TRAIN_CHECKS)
+    gradient_canaries_path = property(lambda self: self.root / GRADIENT_CANARIES)
     error_path = property(lambda self: self.root / "error.json")
     signals_dir = property(lambda self: self.root / "signals")
     results_dir = property(lambda self: self.root / "results")

@@ -32,6 +32,10 @@ Two samples of a mechanism's output (:mod:`~dpaudit.audit.two_sample`, the white
 audit of Nasr et al. 2023): :func:`two_sample_mu_bound` (a rigorous Gaussian-DP mu bound,
 threshold test chosen on a split, Clopper-Pearson) and :func:`gaussian_mu_estimate` (an
 estimate with its interval under a Gaussian assumption).
+
+White-box gradient canaries of one DP-SGD run (:mod:`~dpaudit.audit.gradient_canaries`,
+Steinke et al. 2023): :class:`GradientCanaryRecord` (their scores, membership and inclusion
+counts) and :func:`inclusion_check` (their inclusions against the claimed Poisson sampler).
 """
 
 from dpaudit.audit.bounds import (
@@ -57,6 +61,7 @@ from dpaudit.audit.ceilings import (
     one_run_ceiling,
 )
 from dpaudit.audit.claimed_curve import claimed_curve_bound, claimed_curve_rejects
+from dpaudit.audit.gradient_canaries import GradientCanaryRecord, inclusion_check
 from dpaudit.audit.metrics import (
     ConfidenceInterval,
     RocCurve,
@@ -157,4 +162,7 @@ __all__ = [
     "two_sample_mu_ceiling",
     "gaussian_mu_estimate",
     "TwoSampleBound",
+    # white-box gradient canaries of one DP-SGD run (Steinke et al. 2023) and their sampler check
+    "GradientCanaryRecord",
+    "inclusion_check",
 ]

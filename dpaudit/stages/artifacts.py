@@ -20,9 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from dpaudit.accounting import DpRecord
+from dpaudit.audit.gradient_canaries import GradientCanaryRecord
 from dpaudit.errors import InputError
 from dpaudit.rundir import (
     DP_EVENT,
+    GRADIENT_CANARIES,
     SCHEMA_VERSION,
     TRAIN_CHECKS,
     TRAIN_LOG,
@@ -31,6 +33,7 @@ from dpaudit.rundir import (
     read_json,
     write_json_atomic,
     write_jsonl_atomic,
+    write_npz_atomic,
 )
 
 PACKAGES = ("dpaudit", "torch", "transformers", "datasets", "tokenizers", "dp-accounting", "numpy", "scipy", "peft", "opacus")
@@ -57,12 +60,15 @@ def write_dp_record(directory: str | Path, record: DpRecord) -> None:
 
 def write_training(directory: str | Path, record) -> None:
     """A :class:`~dpaudit.train.TrainingRecord` into a model's directory: ``train_log.jsonl``,
-    ``train_checks.json`` and ``dp_event.json``, each when the trainer filled it."""
+    ``train_checks.json``, ``gradient_canaries.npz`` and ``dp_event.json``, each when the
+    trainer filled it."""
     directory = Path(directory)
     if record.log:
         write_jsonl_atomic(directory / TRAIN_LOG, record.log)
     if record.checks is not None:
         write_json_atomic(directory / TRAIN_CHECKS, record.checks)
+    if record.gradient_canaries is not None:
+        write_npz_atomic(directory / GRADIENT_CANARIES, **record.gradient_canaries.to_arrays())
     if record.dp is not None:
         write_dp_record(directory, record.dp)
 
@@ -83,6 +89,21 @@ def read_ladder(model_dir: ModelDir) -> list | None:
         return [Rung.from_dict(r) for r in data["rungs"]]
     except (KeyError, TypeError, ValueError, InputError) as err:
         raise InputError(f"{model_dir.ladder_path}: not a ladder ({err})") from None
+
+
+def read_gradient_canaries(model_dir: ModelDir | str | Path) -> GradientCanaryRecord | None:
+    """The model's white-box gradient canaries (``gradient_canaries.npz``), or None when it
+    was trained without them. A malformed file is an :class:`InputError`."""
+    import numpy as np
+
+    path = Path(model_dir.root if isinstance(model_dir, ModelDir) else model_dir) / GRADIENT_CANARIES
+    if not path.is_file():
+        return None
+    try:
+        with np.load(path, allow_pickle=False) as arrays:
+            return GradientCanaryRecord.from_arrays(dict(arrays))
+    except (OSError, ValueError, InputError) as err:
+        raise InputError(f"{path}: {err}") from None
 
 
 # --------------------------------------------------------------------------- the prepared data

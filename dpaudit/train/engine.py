@@ -45,7 +45,7 @@ from __future__ import annotations
 import contextlib
 import math
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, Sequence
 
 import torch
 from torch import Tensor
@@ -53,7 +53,11 @@ from torch.func import functional_call, grad_and_value, vmap
 
 from dpaudit.train.sampling import SecureGenerator
 
+if TYPE_CHECKING:
+    from dpaudit.train.gradient_canaries import GradientCanaries
+
 CLIP_EPS = 1e-6  # clip factor C / (||g|| + eps): the clipped norm is strictly below C
+CANARY_KEY = "<gradient canaries>"  # the canary block's key in a step's dicts: no parameter's name
 
 # --------------------------------------------------------------------------- batches
 
@@ -151,9 +155,14 @@ class StepStats:
 
 
 class GradientEngine:
-    """Template of one step: ``summed_gradients`` -> ``add_noise`` -> ``normalize``."""
+    """Template of one step: ``summed_gradients`` -> ``add_noise`` -> ``normalize``.
+
+    With gradient canaries attached (:meth:`attach_canaries`), each step also draws the
+    canaries' block and puts it through the engine's own ``add_noise`` before ``normalize``
+    (:meth:`canary_step`, :mod:`dpaudit.train.gradient_canaries`)."""
 
     private = False
+    canaries: GradientCanaries | None = None
 
     def __init__(
         self,
@@ -192,10 +201,31 @@ class GradientEngine:
         ``p.grad``; return what the step saw."""
         summed, stats = self.summed_gradients(units)
         noisy = self.add_noise(summed, generator)
+        self.canary_step(generator)
         update = self.normalize(noisy, len(units))
         for name, p in self.params.items():
             p.grad = update[name].to(p.dtype)
         return stats
+
+    def attach_canaries(self, canaries: GradientCanaries) -> None:
+        """Run ``canaries`` alongside every step from now on (:meth:`canary_step`)."""
+        if CANARY_KEY in self.params:
+            raise ValueError(f"a parameter is named {CANARY_KEY!r}, the gradient canaries' key")
+        self.canaries = canaries
+
+    def canary_step(self, generator: torch.Generator | None) -> None:
+        """This step's canary block, as the clipped sum of the canaries' own coordinates
+        (:data:`CANARY_KEY`), through this engine's ``add_noise`` with the canaries' noise
+        source (:meth:`~dpaudit.train.gradient_canaries.GradientCanaries.noise_source`), then
+        to their scores: what the mechanism releases for them, before any division. Nothing
+        without canaries. A call of its own, after the parameters' noise: in reproducible
+        mode the canaries draw their noise from a stream of their own, so the parameters'
+        noise, and the model, are those of a run without canaries."""
+        if self.canaries is None:
+            return
+        block = self.canaries.block(device=self.device)
+        released = self.add_noise({CANARY_KEY: block}, self.canaries.noise_source(generator))
+        self.canaries.observe(released[CANARY_KEY])
 
     def summed_gradients(self, units: Sequence[Sequence[Tensor]]) -> tuple[dict[str, Tensor], StepStats]:
         raise NotImplementedError

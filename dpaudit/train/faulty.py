@@ -61,7 +61,7 @@ import torch
 from dpaudit import accounting
 from dpaudit.config import Config
 from dpaudit.errors import InputError
-from dpaudit.train.engine import CLIP_EPS, DPSGDEngine, StepStats
+from dpaudit.train.engine import CANARY_KEY, CLIP_EPS, DPSGDEngine, StepStats
 from dpaudit.train.loop import TrainerSpec, default_config, run_training
 from dpaudit.train.plan import num_steps, sample_rate
 from dpaudit.train.record import TrainingRecord
@@ -114,7 +114,8 @@ class MeanNoiseOnSumEngine(DPSGDEngine):
 class NoisyMicrostepsEngine(DPSGDEngine):
     """Gradient accumulation over ``microsteps`` micro-steps (the batch's units split into k
     contiguous chunks), each micro-step adding its own N(0, sigma^2 C^2 I) to its partial
-    clipped sum: total noise std sqrt(k) * sigma * C. Over-noised, not a privacy bug."""
+    clipped sum: total noise std sqrt(k) * sigma * C. Over-noised, not a privacy bug.
+    Gradient canaries get their k noise draws too (their block in the first micro-step's sum)."""
 
     microsteps = MICROSTEPS
 
@@ -129,6 +130,13 @@ class NoisyMicrostepsEngine(DPSGDEngine):
             for name in total:
                 total[name] += noisy[name]
             _merge_stats(stats, part)
+        if self.canaries is not None:
+            block = self.canaries.block(device=self.device)
+            source = self.canaries.noise_source(generator)
+            released = self.add_noise({CANARY_KEY: block}, source)[CANARY_KEY]
+            for _ in range(k - 1):  # the bug on the canaries' coordinates too: noise per micro-step
+                released = released + self.add_noise({CANARY_KEY: torch.zeros_like(block)}, source)[CANARY_KEY]
+            self.canaries.observe(released)
         update = self.normalize(total, len(units))
         for name, p in self.params.items():
             p.grad = update[name].to(p.dtype)
@@ -196,21 +204,21 @@ class UnclippedParamsEngine(DPSGDEngine):
 
 class ReusedNoiseEngine(DPSGDEngine):
     """The noise vector is drawn once, at the first step, and added again at every step (as
-    with a PRNG key that is never split): the difference of two updates is noise-free."""
+    with a PRNG key that is never split): the difference of two updates is noise-free. Each
+    tensor's noise is drawn the first time it is seen (the parameters' at the first step,
+    then the gradient canaries' block's)."""
 
     def __init__(self, model, **kwargs):
         super().__init__(model, **kwargs)
-        self._noise: dict | None = None
+        self._noise: dict[str, torch.Tensor] = {}
 
     def add_noise(self, summed, generator):
         std = self.noise_std()
         if std == 0:
             return summed
-        if self._noise is None:
-            self._noise = {
-                name: std * torch.randn(g.shape, generator=generator, device=g.device, dtype=g.dtype)
-                for name, g in summed.items()
-            }
+        for name, g in summed.items():
+            if name not in self._noise:
+                self._noise[name] = std * torch.randn(g.shape, generator=generator, device=g.device, dtype=g.dtype)
         return {name: g + self._noise[name] for name, g in summed.items()}
 
 

@@ -30,6 +30,10 @@ What it reports (when the caller passes a :class:`~dpaudit.train.record.Training
   with a non-private event, so later stages always find one). Recompute epsilon from it,
   do not trust the logged one.
 - ``checks``: see :mod:`dpaudit.train.checks`.
+- ``gradient_canaries``: with ``train.dp.gradient_canaries: M > 0`` (DP trainers only), the
+  :class:`~dpaudit.audit.gradient_canaries.GradientCanaryRecord` of M white-box canaries
+  added to every step's clipped sum (:mod:`dpaudit.train.gradient_canaries`); the model
+  then carries :data:`~dpaudit.train.plan.GRADIENT_CANARY_WARNING` in its config.json.
 - ``checkpoint(step, model, tokenizer)`` is called every ``checkpoint_every`` steps.
 
 Noise nobody can replay. DP training is in secure mode by default (``train.dp.reproducible:
@@ -66,8 +70,8 @@ from dpaudit.train import checks
 from dpaudit.train.engine import DPSGDEngine, GradientEngine, NonPrivateEngine
 from dpaudit.train.evaluate import evaluate
 from dpaudit.train.ghost import choose_engine
+from dpaudit.train.gradient_canaries import GradientCanaries
 from dpaudit.train.plan import (
-    RELEASE_WARNING,
     PrivacyPlan,
     dp_record,
     lr_factor,
@@ -75,6 +79,7 @@ from dpaudit.train.plan import (
     noise_mode,
     num_steps,
     plan_privacy,
+    release_warning,
     resolve_autocast,
     sample_rate,
 )
@@ -126,7 +131,8 @@ def run_training(dataset, tokenizer, *, seed: int, spec: TrainerSpec, config: Co
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     if pad_id is None:
         raise InputError("the tokenizer has neither a pad token nor an eos token")
-    if not spec.private and (train.dp.noise_multiplier is not None or train.dp.target_epsilon is not None):
+    if not spec.private and (train.dp.noise_multiplier is not None or train.dp.target_epsilon is not None
+                             or train.dp.gradient_canaries):
         warnings.warn(
             f"train.dp is set but the trainer {spec.name} is not private: it is ignored "
             "(choose train.trainer: dpaudit.train:dpsgd for DP-SGD)",
@@ -155,8 +161,9 @@ def run_training(dataset, tokenizer, *, seed: int, spec: TrainerSpec, config: Co
                      seeds=seeds, device=device, autocast_dtype=resolve_autocast(train.precision, device),
                      pad_id=pad_id, eval_sequences=eval_sequences, record=record)
         loop.run()
-    if plan is not None and train.dp.reproducible:  # the warning travels in the model's config.json
-        model.config.dpaudit_warning = RELEASE_WARNING
+    warning = release_warning(reproducible=train.dp.reproducible, gradient_canaries=train.dp.gradient_canaries)
+    if plan is not None and warning is not None:  # the warning travels in the model's config.json
+        model.config.dpaudit_warning = warning
     return model
 
 
@@ -225,6 +232,13 @@ class _Loop:
         secure = self.noise == "secure"
         sampler = self._sampler(OSRandom() if secure else self.seeds.numpy_generator())
         noise_generator = SecureGenerator(self.device) if secure else self.seeds.noise_generator(self.device)
+        canaries = None
+        if self.plan is not None and self.train.dp.gradient_canaries:
+            canaries = GradientCanaries(
+                num_canaries=self.train.dp.gradient_canaries, sample_rate=self.plan.sample_rate,
+                max_grad_norm=self.plan.max_grad_norm, rng=OSRandom() if secure else self.seeds.canary_generator(),
+                noise_generator=None if secure else self.seeds.canary_noise_generator(self.device))
+            engine.attach_canaries(canaries)
         started = time.perf_counter()
         bar = Progress(total=self.steps, desc="train")
         try:
@@ -251,6 +265,7 @@ class _Loop:
             bar.close()
         if self.record is not None:
             self._finish(before, params, secure)
+            self.record.gradient_canaries = canaries.result() if canaries is not None else None
 
     def _check_finite(self, step: int, stats, params) -> None:
         bad = sum(1 for x in stats.losses if not math.isfinite(x))
@@ -300,7 +315,8 @@ class _Loop:
         self.record.checks = summary
         self.record.dp = dp_record(trainer=self.spec.name, sampler=self.spec.sampler, plan=self.plan,
                                    num_units=self.data.num_units, steps=self.steps,
-                                   batch_size=self.train.batch_size, noise=self.noise)
+                                   batch_size=self.train.batch_size, noise=self.noise,
+                                   gradient_canaries=self.train.dp.gradient_canaries if self.plan else 0)
 
 
 # --------------------------------------------------------------------------- trainers

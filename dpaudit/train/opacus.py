@@ -13,12 +13,18 @@ batch, so Opacus's embedding hook sees a batch of one for the position embedding
 produces a wrong (or mis-shaped) per-sample gradient. The adapter always passes explicit
 position ids of shape (B, L) (:func:`dpaudit.train.engine.collate`).
 
+Gradient canaries (``train.dp.gradient_canaries``, :mod:`dpaudit.train.gradient_canaries`):
+the adapter runs ``DPOptimizer.pre_step`` in its parts (``clip_and_accumulate``,
+``add_noise``), then sets the canary block as the clipped sum of a parameter of the canaries'
+coordinates and runs Opacus's own ``add_noise`` on it.
+
 Only ``train.dp.unit: example`` is supported (Opacus has no per-user clipping).
 """
 
 from __future__ import annotations
 
 import warnings
+
 import torch
 
 from dpaudit.config import Config
@@ -90,12 +96,35 @@ class OpacusEngine(GradientEngine):
             stats.unit_norms = norms_list
             stats.nonfinite_units = sum(1 for n in norms_list if n != n or n in (float("inf"), float("-inf")))
             stats.clipped_units = sum(1 for n in norms_list if n + 1e-6 > self.max_grad_norm)
+        # Opacus's pre_step in its parts: clip and sum (p.summed_grad), the noise (p.grad); the canaries after
         self._optimizer.generator = generator
-        self._optimizer.pre_step()  # clip, sum, add noise: p.grad
+        self._optimizer.clip_and_accumulate()
+        self._optimizer.add_noise()
+        self._optimizer.scale_grad()  # a no-op with loss_reduction="sum": the adapter divides
+        self.canary_step(generator)
         for p in self.params.values():
             p.grad = p.grad / self.expected_batch_size
             p.grad_sample, p.summed_grad = None, None
         return stats
+
+    def canary_step(self, generator) -> None:
+        """The canary block as the clipped sum (``summed_grad``) of a parameter of their M
+        coordinates, alone in the optimizer's parameters for one more ``add_noise`` of Opacus
+        with the canaries' noise source; its noisy ``grad`` goes to their scores."""
+        if self.canaries is None:
+            return
+        parameter = torch.nn.Parameter(torch.empty(self.canaries.num_canaries, device=self.device))
+        parameter.summed_grad = self.canaries.block(device=self.device)
+        optimizer = self._optimizer
+        groups = optimizer.param_groups
+        optimizer.param_groups = [{**groups[-1], "params": [parameter]}]
+        optimizer.generator = self.canaries.noise_source(generator)
+        try:
+            optimizer.add_noise()
+        finally:
+            optimizer.param_groups = groups
+            optimizer.generator = generator
+        self.canaries.observe(parameter.grad)
 
 
 OPACUS = TrainerSpec("dpaudit.train.opacus:dpsgd", private=True, engine=OpacusEngine, units=("example",))

@@ -17,6 +17,16 @@ from dpaudit.errors import InputError
 
 RELEASE_WARNING = ("trained in reproducible mode (train.dp.reproducible: true): its DP noise and Poisson batches "
                    "follow from the run seed, so anyone with the seed can replay them; not fit for release")
+GRADIENT_CANARY_WARNING = ("trained with gradient canaries (train.dp.gradient_canaries > 0): an audit model, whose "
+                           "DP-SGD run carried canary gradients to measure its noise; not fit for release")
+
+
+def release_warning(*, reproducible: bool, gradient_canaries: int = 0) -> str | None:
+    """The warning a DP model carries in its DP record and its config.json: :data:`RELEASE_WARNING`
+    (reproducible mode), :data:`GRADIENT_CANARY_WARNING` (a run with gradient canaries), both
+    when both apply, None when neither does."""
+    parts = [w for w, on in ((RELEASE_WARNING, reproducible), (GRADIENT_CANARY_WARNING, gradient_canaries > 0)) if on]
+    return "; and ".join(parts) or None
 
 
 def noise_mode(private: bool, dp: DPConfig) -> str | None:
@@ -101,11 +111,12 @@ def plan_privacy(dp: DPConfig, *, batch_size: int, num_units: int, steps: int) -
 
 
 def dp_record(*, trainer: str, sampler: str, plan: PrivacyPlan | None, num_units: int, steps: int, batch_size: int,
-              noise: str | None = None) -> DpRecord:
+              noise: str | None = None, gradient_canaries: int = 0) -> DpRecord:
     """The :class:`~dpaudit.accounting.DpRecord` a run of this plan claims (``plan`` None: a
     non-private run, which samples with ``sampler``); ``noise`` is the mode of
-    :func:`noise_mode`, and a reproducible run's record carries :data:`RELEASE_WARNING`."""
-    warning = RELEASE_WARNING if noise == "reproducible" else None
+    :func:`noise_mode`, and the record of a reproducible run or of a run with
+    ``gradient_canaries`` carries :func:`release_warning`."""
+    warning = release_warning(reproducible=noise == "reproducible", gradient_canaries=gradient_canaries)
     if plan is None:
         return DpRecord.nonprivate(trainer=trainer, num_units=num_units, steps=steps, expected_batch_size=batch_size,
                                    sampler=sampler, noise=noise, warning=warning)

@@ -30,13 +30,17 @@ from dpaudit.train import chacha
 class RunSeeds:
     """The independent random streams of one training run, split from the run seed with
     ``numpy.random.SeedSequence(seed).spawn``: model initialisation, batch sampling,
-    DP noise, and everything else torch draws during training (dropout)."""
+    DP noise, everything else torch draws during training (dropout), and the gradient
+    canaries' draws and noise (:mod:`dpaudit.train.gradient_canaries`: two children of the
+    fifth child, so that the first four streams are those of a run without canaries)."""
 
     seed: int
     model: int
     sampler: np.random.SeedSequence
     noise: int
     torch: int
+    canaries: np.random.SeedSequence
+    canary_noise: int
 
     @classmethod
     def from_seed(cls, seed: int) -> "RunSeeds":
@@ -49,10 +53,22 @@ class RunSeeds:
             sampler=sampler,
             noise=int(noise.generate_state(1, np.uint64)[0] >> 1),
             torch=int(other.generate_state(1, np.uint64)[0] >> 1),
+            canaries=seed_sequence(int(seed), 4, 0),
+            canary_noise=int(seed_sequence(int(seed), 4, 1).generate_state(1, np.uint64)[0] >> 1),
         )
 
     def numpy_generator(self) -> np.random.Generator:
         return np.random.default_rng(self.sampler)
+
+    def canary_generator(self) -> np.random.Generator:
+        """The gradient canaries' draws (membership, then each step's inclusions)."""
+        return np.random.default_rng(self.canaries)
+
+    def canary_noise_generator(self, device: torch.device | str = "cpu") -> torch.Generator:
+        """The noise of the gradient canaries' coordinates."""
+        generator = torch.Generator(device=device)
+        generator.manual_seed(self.canary_noise)
+        return generator
 
     def noise_generator(self, device: torch.device | str = "cpu") -> torch.Generator:
         generator = torch.Generator(device=device)
@@ -77,6 +93,15 @@ class OSRandom:
     def permutation(self, n: int) -> np.ndarray:
         """A uniformly random permutation of ``range(n)`` (the order of 53-bit random keys)."""
         return np.argsort(self.random(n), kind="stable")
+
+    def bernoulli(self, p: float, size: int) -> np.ndarray:
+        """``size`` independent booleans, each True with probability floor(p 2^32) / 2^32 (at
+        most p, and less by under 2^-32): a 32-bit word of the OS below floor(p 2^32). Half the
+        bytes of ``random(size) < p``, for draws as many as the gradient canaries' every step."""
+        if p >= 1:
+            return np.ones(int(size), dtype=bool)
+        words = np.frombuffer(os.urandom(4 * int(size)), dtype=np.uint32)
+        return words < np.uint32(math.floor(p * 2.0**32))
 
 
 class SecureGenerator(torch.Generator):
