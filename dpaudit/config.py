@@ -203,7 +203,7 @@ class LadderConfig:
     ceiling simulation."""
 
     enabled: bool = False
-    input_space_canaries: int = 4096
+    input_space_canaries: int = 2048
     gradient_canaries: int = 1_000_000
     twin_patients: int = 40
     trials: int = 5

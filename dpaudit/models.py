@@ -126,10 +126,17 @@ def make_model(config: ModelConfig, tokenizer, *, seed: int) -> PreTrainedModel:
 
 def restrict_trainable(model: PreTrainedModel, trainable: str) -> PreTrainedModel:
     """Freeze every parameter but the ones ``trainable`` names (``model.trainable``): ``all``
-    changes nothing; ``input_embeddings`` leaves the input embedding matrix alone trainable
-    (and with it the output layer, when the two are tied). Returns ``model``."""
+    changes nothing; ``input_embeddings`` leaves the input embedding matrix alone trainable.
+    A model whose output layer is tied to its input embedding is untied first (the output
+    layer keeps a frozen copy of the same values), so that an example's gradient lies on the
+    input rows of its own tokens only: a canary made of tokens no other example contains then
+    moves rows nothing else moves. Returns ``model``."""
     if trainable == "input_embeddings":
         embedding = model.get_input_embeddings().weight
+        output = model.get_output_embeddings()
+        if output is not None and output.weight is embedding:
+            output.weight = torch.nn.Parameter(embedding.detach().clone(), requires_grad=False)
+            model.config.tie_word_embeddings = False
         for p in model.parameters():
             p.requires_grad_(p is embedding)
     elif trainable != "all":

@@ -8,7 +8,8 @@ jointly (:mod:`dpaudit.audit.ladder`):
 - ``input_space``: a twin of the model, trained by the model's own trainer with the same
   claim in ``dpaudit validate``'s isolated design: ``audit.ladder.input_space_canaries``
   fresh-token canaries (``new_token_bare``), only the input embedding training (so only their
-  rows move), full batch (q = 1) for ``FULL_BATCH_STEPS`` steps, plain SGD at learning rate
+  rows move; a tied output layer is untied and frozen), full batch (q = 1) for ``TWIN_STEPS``
+  steps, plain SGD at learning rate
   0.01, from the run's base model grown by the canaries' tokens, on a corpus of
   ``audit.ladder.twin_patients`` patients (only the canaries matter); scored by the base-
   calibrated reference attack on the twin's final model;
@@ -38,6 +39,9 @@ from dpaudit.stages.artifacts import read_dp_record, read_ladder, write_ladder
 log = logging.getLogger(__name__)
 
 TWIN_DIR = "ladder"
+# At q = 1 a run of T steps is the Gaussian mechanism with mu = sqrt(T) / sigma, and at a fixed
+# epsilon that mu does not depend on T: the twin's power is the same at any T, its cost is not.
+TWIN_STEPS = 3
 TWIN_MICROBATCH = 64  # the canaries are 2 tokens long: large micro-batches, few Python steps
 
 
@@ -91,7 +95,7 @@ def _twin_base(rundir: RunDir, config: Config) -> Path | None:
     with staged_directory(out) as stage, torch.random.fork_rng():
         torch.manual_seed(config.seed)
         model = load_model(start, trust_remote_code=trust)
-        model.resize_token_embeddings(len(tokenizer), mean_resizing=False)
+        model.resize_token_embeddings(len(tokenizer))  # new rows drawn around the others' mean
         save_model(model, tokenizer, stage)
     return out  # the twins' reference too (dpaudit.stages.attack.start_model finds it)
 
@@ -99,7 +103,7 @@ def _twin_base(rundir: RunDir, config: Config) -> Path | None:
 def twin_config(config: Config, records: dict, *, base: Path, batch_sizes: dict[str, int]) -> Config:
     """The run of the twins: for each DP model, its own trainer and claim (epsilon at its
     delta, its unit) in the isolated design (the module docstring)."""
-    from dpaudit.stages.validate import FULL_BATCH_STEPS, ISOLATED_CANARIES, ISOLATED_TRAINABLE, LINEAR_TRAIN
+    from dpaudit.stages.validate import ISOLATED_CANARIES, ISOLATED_TRAINABLE, LINEAR_TRAIN
 
     lad = config.audit.ladder
     raw = config.to_dict()
@@ -117,7 +121,7 @@ def twin_config(config: Config, records: dict, *, base: Path, batch_sizes: dict[
         dp = {**train["dp"], "noise_multiplier": None, "target_epsilon": record.epsilon(), "delta": record.delta,
               "unit": record.unit, "gradient_canaries": lad.gradient_canaries}
         models.append({"name": name, "train": {**train, **LINEAR_TRAIN, "weight_decay": 0.0, "schedule": "constant",
-                                                "warmup_steps": 0, "dp": dp, "steps": FULL_BATCH_STEPS,
+                                                "warmup_steps": 0, "dp": dp, "steps": TWIN_STEPS,
                                                 "batch_size": batch_sizes[record.unit], "eval_every": 10**9,
                                                 "microbatch_size": TWIN_MICROBATCH}})
     raw["models"] = models
@@ -229,8 +233,8 @@ def white_box_rung(twin: RunDir, config: Config, name: str, *, delta: float | No
     claimed sampler."""
     from dpaudit.audit import BonferroniStrategy, CanaryScores
     from dpaudit.audit.ladder import choose_guess_fraction, ideal_bounds, rung_bound
+    from dpaudit.audit.gradient_canaries import inclusion_check
     from dpaudit.stages.artifacts import read_gradient_canaries
-    from dpaudit.train.gradient_canaries import inclusion_check
 
     md = twin.model(name)
     record = read_dp_record(md)
@@ -249,6 +253,9 @@ def white_box_rung(twin: RunDir, config: Config, name: str, *, delta: float | No
         return refused(f"the gradient canaries' inclusions do not follow the claimed sampler: {detail}")
     if record.dpsgd_parameters is None:
         return refused("the trainer's DP record is not plain DP-SGD: no claimed curve to test")
+    if (canaries.steps, canaries.sample_rate) != (record.steps, record.sample_rate):
+        return refused(f"the gradient canaries ran {canaries.steps} steps at q = {canaries.sample_rate:.4g}, the "
+                       f"DP record claims {record.steps} at q = {record.sample_rate:.4g}: not the claimed mechanism")
     start = time.perf_counter()
     sig, common = rung_significance(config), dict(noise_multiplier=record.noise_multiplier,
                                                    sample_rate=record.sample_rate, steps=record.steps)
