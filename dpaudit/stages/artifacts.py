@@ -3,7 +3,8 @@
 :mod:`dpaudit.rundir` knows the layout and writes atomically; here the stages turn files into
 objects and back: the DP record (:class:`dpaudit.accounting.DpRecord`), a trainer's record
 (:class:`dpaudit.train.TrainingRecord`), the data split, the canaries
-(:class:`dpaudit.canaries.Canary`), the tokenizer, and the manifest. Every artifact has one
+(:class:`dpaudit.canaries.Canary`), the tokenizer, a model's threat-model ladder
+(:class:`dpaudit.audit.ladder.Rung`), and the manifest. Every artifact has one
 reader and one writer, and the writer's output read back is the object written (the codec
 round trip, tested over every artifact).
 """
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from dpaudit.accounting import DpRecord
+from dpaudit.audit.ladder import Rung
 from dpaudit.errors import InputError
 from dpaudit.rundir import (
     DP_EVENT,
@@ -65,6 +67,33 @@ def write_training(directory: str | Path, record) -> None:
         write_json_atomic(directory / TRAIN_CHECKS, record.checks)
     if record.dp is not None:
         write_dp_record(directory, record.dp)
+
+
+# --------------------------------------------------------------------------- the threat-model ladder
+
+
+def write_ladder(model_dir: ModelDir, rungs: list[Rung]) -> None:
+    """A model's rungs (:class:`~dpaudit.audit.ladder.Rung`) into ``models/NAME/ladder.json``."""
+    write_json_atomic(model_dir.ladder_path, {"schema_version": SCHEMA_VERSION, "rungs": [r.to_dict() for r in rungs]})
+
+
+def read_ladder(model_dir: ModelDir) -> list[Rung] | None:
+    """The model's rungs as written by :func:`write_ladder`, or None when it has no ladder.
+    A malformed file (or one with a rung twice) is an :class:`InputError`."""
+    path = model_dir.ladder_path
+    if not path.is_file():
+        return None
+    data = read_json(path)
+    try:
+        rungs = [Rung.from_dict(d) for d in data["rungs"]]
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
+        raise InputError(f"{path} is not a ladder ({type(err).__name__}: {err})") from None
+    except InputError as err:
+        raise InputError(f"{path}: {err}") from None
+    names = [r.rung for r in rungs]
+    if len(set(names)) != len(names):
+        raise InputError(f"{path}: a rung appears twice ({', '.join(names)})")
+    return rungs
 
 
 # --------------------------------------------------------------------------- the prepared data
