@@ -16,9 +16,11 @@ import numpy as np
 import pytest
 
 from dpaudit.accounting import event_to_dict, make_event
+from dpaudit.audit import CanaryScores
+from dpaudit.audit.ladder import RUNGS, Rung
 from dpaudit.errors import InputError
 from dpaudit.report import SCHEMA_VERSION, build_report
-from dpaudit.stages.artifacts import write_manifest
+from dpaudit.stages.artifacts import write_ladder, write_manifest
 from dpaudit.stages.report import read_snapshot
 from dpaudit.report.data import DP_KEYS, MODEL_KEYS
 from dpaudit.rundir import RunDir, write_json_atomic, write_jsonl_atomic
@@ -86,7 +88,23 @@ def _canary_file(run):
     return canaries
 
 
-def make_run(root, *overrides):
+def rung(name, *, shift=2.0, ceiling=2.0, refused=None, m=60, seed=0):
+    """A rung whose bound is a real one-run bound of m canaries, the members' scores shifted
+    by ``shift`` (m = 60 at delta 1e-3: 2.0 gives about 0.4, 8.0 about 1.6, above dp4's 1.26);
+    a refused one has no bound."""
+    if refused is not None:
+        return Rung(rung=name, bound=None, attack=None, significance=None, ceiling=ceiling, ceiling_range=None,
+                    num_canaries=m, regime={}, refused=refused)
+    rng = np.random.default_rng(seed)
+    scores = CanaryScores(in_scores=rng.normal(shift, 1, m // 2), out_scores=rng.normal(0, 1, m // 2), seed=0)
+    bound = scores.bound("one_run", delta=DELTA, significance=0.05)  # one of two tests: the rung holds at 0.1
+    return Rung(rung=name, bound=bound, attack="loss", significance=0.1, ceiling=ceiling,
+                ceiling_range=(0.9 * ceiling, 1.1 * ceiling), num_canaries=m,
+                regime={"noise_multiplier": 1.0, "sample_rate": 0.08, "steps": 10}, cost_s=2.5)
+
+
+def make_run(root, *overrides, ladders=None):
+    """A run of four models; ``ladders`` maps a model to the rungs written as its ladder.json."""
     from dpaudit.config import load_config
 
     run = RunDir(root / "run")
@@ -116,6 +134,8 @@ def make_run(root, *overrides):
     broken = run.model("broken")
     broken.root.mkdir(parents=True)
     broken.write_error(stage="train", error=RuntimeError("CUDA out of memory <b>boom</b>"))
+    for name, rungs in (ladders or {}).items():
+        write_ladder(run.model(name), rungs)
     return run
 
 
@@ -367,3 +387,84 @@ def test_repeated_canaries_at_note_level_are_held_to_the_group_epsilon(tmp_path,
     assert (m["verdict"]["status"] == "violated") == (repetitions == 1)
     if repetitions == 4:
         assert m["dp"]["group_epsilon"] == pytest.approx(group)
+
+
+# --------------------------------------------------------------------------- the threat-model ladder
+
+
+def _claim_of_dp4():
+    from dpaudit.accounting import epsilon
+
+    return epsilon(noise_multiplier=1.0, sample_rate=0.08, steps=10, delta=DELTA)
+
+
+def _assembled(tmp_path, ladders):
+    from dpaudit.report.data import assemble
+
+    return assemble(read_snapshot(make_run(tmp_path, ladders=ladders))).report
+
+
+def test_rungs_are_in_report_json_in_ladder_order(tmp_path):
+    written = [rung("white_box", shift=2.0), rung("released"), rung("input_space", refused="no twin")]
+    report = _assembled(tmp_path, {"dp4": written})
+    rungs = _model(report, "dp4")["rungs"]
+    assert [r["rung"] for r in rungs] == list(RUNGS) == ["released", "input_space", "white_box"]
+    released = rungs[0]
+    assert released == written[1].to_dict()
+    assert released["method"] == "one_run" and released["epsilon"] == written[1].epsilon
+    assert released["confidence"] == pytest.approx(0.9) and released["num_canaries"] == 60
+    assert released["ceiling_range"] == [1.8, 2.2] and released["cost_s"] == 2.5
+    assert released["regime"]["steps"] == 10 and released["refused"] is None
+    assert rungs[1]["epsilon"] is None and rungs[1]["refused"] == "no twin"
+    for name in ("nonprivate", "dp4-patient", "broken"):  # no ladder: an empty list
+        assert _model(report, name)["rungs"] == []
+
+
+def test_only_the_white_box_rung_exceeding_the_claim_is_a_violation(tmp_path):
+    claim = _claim_of_dp4()
+    white = rung("white_box", shift=8.0, ceiling=3.0)
+    assert white.epsilon > claim > 0.5  # the canary bounds (0.5, 0.2) and the other rungs stay below the claim
+    report = _assembled(tmp_path, {"dp4": [rung("released"), rung("input_space", shift=2.0), white]})
+    m = _model(report, "dp4")
+    assert all(r["epsilon"] < claim for r in m["rungs"][:2])
+    assert m["verdict"]["status"] == "violated"
+    assert m["verdict"]["attack"] == "white_box" and m["verdict"]["epsilon_lower_bound"] == white.epsilon
+    # the union bound: two canary tests at 0.025 each, then input-space and white-box at 0.1 each
+    # (each rung at its own significance, not its best test's); the released rung's bound is the canaries'
+    assert m["verdict"]["significance"] == pytest.approx(0.05 + 0.1 + 0.1)
+    without = _model(_assembled(tmp_path / "without", {}), "dp4")
+    assert without["verdict"]["status"] != "violated"
+
+
+def test_inconclusive_or_consistent_follows_the_largest_rung_ceiling(tmp_path):
+    claim = _claim_of_dp4()
+    low = [rung("released", ceiling=0.6), rung("input_space", ceiling=0.9), rung("white_box", ceiling=1.1)]
+    m = _model(_assembled(tmp_path / "low", {"dp4": low}), "dp4")
+    assert m["verdict"]["status"] == "inconclusive"
+    assert m["verdict"]["ceiling"] == m["audit"]["ceiling"] == 1.1 < claim
+    assert "strongest rung (white-box)" in m["verdict"]["reason"]
+    high = [*low[:2], rung("white_box", ceiling=3.0)]
+    m = _model(_assembled(tmp_path / "high", {"dp4": high}), "dp4")
+    assert m["verdict"]["status"] == "consistent"
+    assert m["verdict"]["ceiling"] == m["audit"]["ceiling"] == 3.0
+
+
+def test_a_refused_rung_does_not_enter_the_verdict(tmp_path):
+    refused = rung("white_box", refused="canary <b>included</b> more often than the sampler's rate & so unsound",
+                   ceiling=50.0)
+    ladder = [rung("released", ceiling=0.6), rung("input_space", ceiling=0.9), refused]
+    run = make_run(tmp_path, ladders={"dp4": ladder})
+    report = build_report(run.root)
+    m = _model(report, "dp4")
+    assert m["rungs"][2]["refused"].startswith("canary <b>included</b>") and m["rungs"][2]["epsilon"] is None
+    assert m["verdict"]["status"] == "inconclusive" and m["verdict"]["ceiling"] == 0.9  # not the refused 50
+    assert m["verdict"]["significance"] == pytest.approx(0.05 + 0.1)  # the canaries and input-space only
+    assert "run the white-box rung" in m["verdict"]["reason"]
+
+
+def test_an_unreadable_ladder_is_said_and_left_out(tmp_path):
+    run = make_run(tmp_path)
+    run.model("dp4").ladder_path.write_text('{"schema_version": 1, "rungs": [{"rung": "telepathy"}]}')
+    report = build_report(run.root)
+    assert _model(report, "dp4")["rungs"] == []
+    assert any(w.startswith("dp4: ladder.json unreadable") for w in report["warnings"])
