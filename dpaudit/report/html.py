@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dpaudit.report.schema import REPORT_FPRS, UNIT_LABEL
+from dpaudit.report.schema import REPORT_FPRS, RUNG_LABEL, UNIT_LABEL
 
 __all__ = ["SECTIONS", "Section", "render"]
 
@@ -87,18 +87,58 @@ def _warnings(r, images):
     return {"warnings": r["warnings"]}
 
 
-def _compliance(r, images):
+def _strongest(m) -> tuple[str, float | None, float | None]:
+    """(what, bound, ceiling) of the strongest adversary of a model: the rung that ran with the
+    largest ceiling (the verdict's), else its canary audit, the released model's."""
+    ran = [g for g in m["rungs"] if g["epsilon"] is not None]
+    if ran:
+        top = max(ran, key=lambda g: (g["ceiling"] is not None, g["ceiling"] or 0.0, g["epsilon"]))
+        return RUNG_LABEL[top["rung"]], top["epsilon"], top["ceiling"]
+    return RUNG_LABEL["released"], m["audit"]["epsilon_lower_bound"], m["audit"]["ceiling"]
+
+
+def _ladder_sentence(m) -> str:
+    """What a reader can act on, of one model: its strongest adversary's bound against its
+    ceiling at the claimed epsilon, and what the verdict makes of it."""
+    name, v = m["name"], m["verdict"]
+    if m["error"]:
+        return f"{name}: failed ({m['error']}); nothing was audited."
+    if m["privacy"] == "unknown":
+        return f"{name}: privacy unknown (no DP record): there is no claim to test."
+    if m["privacy"] == "non_private":
+        b = m["audit"]["epsilon_lower_bound"]
+        return f"{name}: trained without DP" + ("." if b is None else f"; its canaries show ε ≥ {b:.2f}, for scale.")
+    if v["status"] == "violated" and (v["epsilon_lower_bound"] or 0.0) > (v["claimed_epsilon"] or math.inf):
+        by = RUNG_LABEL.get(v["attack"]) or f"{RUNG_LABEL['released']} ({v['attack']})"
+        return (f"{name}: {by} ε ≥ {v['epsilon_lower_bound']:.2f}, above the claimed ε {v['claimed_epsilon']:.3g} "
+                f"({1 - v['significance']:.0%} confidence): the model does not have the privacy it claims; do not "
+                "release it under this claim.")
+    what, bound, ceiling = _strongest(m)
+    head = f"{name}: {what} {'—' if bound is None else format(bound, '.2f')}"
+    head += ("" if ceiling is None else f" of a ceiling {ceiling:.2f}") + f" at ε {_fmt(m['dp']['epsilon'], '.3g')}"
+    if v["status"] == "consistent":
+        return f"{head}: the audit could see a violation, and none was found."
+    reason = v["reason"][:1].upper() + v["reason"][1:]  # inconclusive, or violated by the trainer's own checks
+    return f"{head}: {v['status']}. {reason}"
+
+
+def _ladder(r, images):
     if r["kind"] == "audit-model" or not _dp_models(r):
         why = ("an audited released model has no recorded DP claim (privacy unknown), so there is no "
                "accountant ε to compare a bound with" if r["kind"] == "audit-model" or
                all(m["privacy"] == "unknown" for m in r["models"])
                else "no model of this run was trained with DP-SGD")
-        return {"image": None, "why": why}
-    return {"image": images.get("compliance"), "why": "the figure could not be drawn"}
+        return {"image": None, "why": why, "sentences": [], "warnings": len(r["warnings"])}
+    return {"image": images.get("compliance"), "why": "the figure could not be drawn",
+            "sentences": [(m, _ladder_sentence(m)) for m in r["models"]], "warnings": len(r["warnings"]),
+            "heuristic": any(m["privacy"] == "dp" and not m["rungs"] and m["dp"]["last_iterate_epsilon"]
+                             for m in r["models"])}
 
 
 def _verdicts(r, images):
-    return {"models": r["models"], "eps_text": _eps_text}
+    shown = [name for name in RUNG_LABEL if any(g["rung"] == name for m in r["models"] for g in m["rungs"])]
+    return {"models": r["models"], "eps_text": _eps_text, "rung_names": shown, "rung_label": RUNG_LABEL,
+            "rung_of": lambda m, name: next((g for g in m["rungs"] if g["rung"] == name), None)}
 
 
 def _multi_run(r, images):
@@ -187,9 +227,9 @@ def _appendix(r, images):
 
 
 SECTIONS: tuple[Section, ...] = (
+    Section("ladder", _ladder),
     Section("summary", _summary),
     Section("warnings", _warnings),
-    Section("compliance", _compliance),
     Section("verdicts", _verdicts),
     Section("step_audit", _step_audit),
     Section("multi_run", _multi_run),

@@ -286,8 +286,9 @@ def test_html_is_self_contained_and_escaped(built):
     assert TEXT_MARKER not in (run.tables_dir / "extraction.csv").read_text()
     for img in re.findall(r"<img [^>]*>", html):
         assert 'src="data:image/png;base64,' in img
-    # sections in the required order; warnings before the compliance plot
-    order = [html.index(f'id="{s}"') for s in ("summary", "warnings", "compliance", "verdicts", "utility",
+    # sections in the required order: the ladder (with the compliance figure) leads, then the summary
+    # and the warnings
+    order = [html.index(f'id="{s}"') for s in ("ladder", "summary", "warnings", "verdicts", "utility",
                                                 "membership", "extraction", "units", "checklist", "roc",
                                                 "estimates")]
     assert order == sorted(order)
@@ -460,6 +461,11 @@ def test_a_refused_rung_does_not_enter_the_verdict(tmp_path):
     assert m["verdict"]["status"] == "inconclusive" and m["verdict"]["ceiling"] == 0.9  # not the refused 50
     assert m["verdict"]["significance"] == pytest.approx(0.05 + 0.1)  # the canaries and input-space only
     assert "run the white-box rung" in m["verdict"]["reason"]
+    assert "compliance" in report["figures"]
+    html = run.report_html.read_text()
+    verdicts = html.split('id="verdicts"')[1].split("</section>")[0]
+    assert "canary &lt;b&gt;included&lt;/b&gt; more often than the sampler&#39;s rate &amp; so unsound" in verdicts
+    assert "<b>included</b>" not in html
 
 
 def test_an_unreadable_ladder_is_said_and_left_out(tmp_path):
@@ -468,3 +474,42 @@ def test_an_unreadable_ladder_is_said_and_left_out(tmp_path):
     report = build_report(run.root)
     assert _model(report, "dp4")["rungs"] == []
     assert any(w.startswith("dp4: ladder.json unreadable") for w in report["warnings"])
+
+
+def test_the_compliance_figure_is_the_ladder(tmp_path):
+    from dpaudit.report.figures import compliance
+
+    ladders = {"dp4": [rung("released"), rung("input_space", refused="no twin"), rung("white_box", shift=8.0)],
+               "dp4-patient": [rung("released", seed=1), rung("input_space", refused="no twin"),
+                               rung("white_box", seed=2)]}
+    fig = compliance(_assembled(tmp_path, ladders))
+    (ax,) = fig.axes
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert "released: the released model, black-box (90%)" in labels
+    assert "white-box: gradient canaries, all iterates (90%)" in labels
+    assert not any(label.startswith("input-space") for label in labels)  # refused everywhere: not drawn
+    assert any("y = x" in label for label in labels) and any("violated" in label for label in labels)
+    (top,) = ax.child_axes
+    assert [t.get_text() for t in top.get_xticklabels()] == ["dp4", "dp4-patient (patient-level)", "nonprivate"]
+    white = sorted(x for line in ax.lines if line.get_marker() == "D" for x in line.get_xdata())
+    assert len(white) == 2 and white[1] > 1.15 * white[0]  # the patient-level model apart from the note-level one
+
+
+def test_the_page_leads_with_one_sentence_per_model(tmp_path):
+    claim = _claim_of_dp4()
+    ladders = {"dp4": [rung("released", ceiling=0.6), rung("white_box", shift=8.0, ceiling=3.0)],
+               "dp4-patient": [rung("released", ceiling=0.6, seed=1), rung("white_box", ceiling=3.0, seed=2)]}
+    run = make_run(tmp_path, ladders=ladders)
+    build_report(run.root)
+    html = run.report_html.read_text()
+    ladder = html.split('id="ladder"')[1].split("</section>")[0]
+    assert html.index('id="ladder"') < html.index('id="summary"')
+    white = ladders["dp4"][1].epsilon
+    assert f"dp4: white-box ε ≥ {white:.2f}, above the claimed ε {claim:.3g}" in ladder
+    patient = ladders["dp4-patient"][1].epsilon
+    assert (f"dp4-patient: white-box {patient:.2f} of a ceiling 3.00 at ε {claim:.3g}: the audit could see a "
+            "violation, and none was found.") in ladder
+    assert "broken: failed (train: CUDA out of memory &lt;b&gt;boom&lt;/b&gt;)" in ladder
+    assert 'alt="threat-model ladder' in ladder
+    verdicts = html.split('id="verdicts"')[1].split("</section>")[0]
+    assert f"{patient:.2f} / 3.00" in verdicts and "input-space" not in verdicts  # a rung no model ran: no column
