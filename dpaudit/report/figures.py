@@ -17,7 +17,8 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
-from dpaudit.report.schema import RUNG_LABEL
+from dpaudit.report.data import withheld_tprs
+from dpaudit.report.schema import RUNG_LABEL, SHOWN_FPRS
 
 __all__ = ["FIGURES", "compliance", "utility", "membership", "extraction", "secrets", "patient_secrets", "roc"]
 
@@ -187,23 +188,29 @@ def utility(report: Mapping[str, Any]) -> Figure | None:
 
 
 def membership(report: Mapping[str, Any]) -> Figure | None:
-    """AUC, TPR at 1% and at 0.1% FPR against epsilon; members (top) and canaries (bottom)."""
+    """AUC, TPR at 1% and at 0.1% FPR against epsilon; members (top) and canaries (bottom).
+    A TPR withheld for every attack of a split (too few non-members) has no panel."""
     models = report["models"]
     axis = _EpsAxis(models)
     pts = _points(models, axis)
-    if not pts or not any(m["attacks"] or m["canary_attacks"] for m, _ in pts):
+    drawn = [m for m, _ in pts]
+    rows = [(key, split, [("AUC", None)] + [(f"TPR at {float(f) * 100:g}% FPR", f) for f in SHOWN_FPRS
+                                             if f not in withheld_tprs(drawn, key)])
+            for key, split in (("attacks", "members vs. held-out"), ("canary_attacks", "canaries"))
+            if any(m[key] for m in drawn)]
+    if not rows:
         return None
-    names = sorted({a for m, _ in pts for key in ("attacks", "canary_attacks") for a in m[key]})
+    names = sorted({a for m in drawn for key in ("attacks", "canary_attacks") for a in m[key]})
     import matplotlib as mpl
 
     cmap = mpl.colormaps["tab10"]
     colors = {n: cmap(i % 10) for i, n in enumerate(names)}
-    fig = Figure(figsize=(12.0, 6.4), layout="constrained")
-    cols = (("AUC", None), ("TPR at 1% FPR", "0.01"), ("TPR at 0.1% FPR", "0.001"))
-    for row, (key, split) in enumerate((("attacks", "members vs. held-out"), ("canary_attacks", "canaries"))):
+    ncols = max(len(cols) for _, _, cols in rows)
+    fig = Figure(figsize=(4.0 * ncols, 3.2 * len(rows)), layout="constrained")
+    grid = fig.add_gridspec(len(rows), ncols)
+    for row, (key, split, cols) in enumerate(rows):
         for col, (what, fpr) in enumerate(cols):
-            ax = fig.add_subplot(2, 3, row * 3 + col + 1)
-            drawn = False
+            ax = fig.add_subplot(grid[row, col])
             for n in names:
                 for unit, ls, mk in (("user", "--", "s"), (None, "-", "o")):
                     series = []
@@ -215,18 +222,14 @@ def membership(report: Mapping[str, Any]) -> Figure | None:
                         if v is not None:
                             series.append((x, v))
                     if series:
-                        drawn = True
                         ax.plot(*zip(*series), marker=mk, ms=4, lw=1.2, ls=ls, color=colors[n],
                                 label=_label(n) if unit is None else None)
-            if not drawn:
-                ax.text(0.5, 0.5, "not enough non-members", transform=ax.transAxes, ha="center",
-                        va="center", color="#8a6d00", fontsize=10, style="italic")
             if fpr is None:
                 ax.axhline(0.5, color="0.6", ls="--", lw=0.8)
             axis.apply(ax)
             ax.set_title(f"{what}: {split}", fontsize=9)
             ax.grid(True, color="0.92")
-            if drawn and col == 0 and row == 0:
+            if col == 0 and row == 0:
                 ax.legend(fontsize=7)
     return fig
 

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dpaudit.report.schema import REPORT_FPRS, RUNG_LABEL, UNIT_LABEL
+from dpaudit.report.data import withheld_tprs
+from dpaudit.report.schema import MIN_NONMEMBERS_TIMES_FPR, RUNG_LABEL, SHOWN_FPRS, UNIT_LABEL
 
 __all__ = ["SECTIONS", "Section", "render"]
 
@@ -154,13 +155,30 @@ def _utility(r, images):
     return {"image": images.get("utility"), "models": r["models"], "eps_text": _eps_text}
 
 
+def _withheld_sentence(withheld: Mapping[str, int | None], split: str) -> str:
+    """Which TPRs of ``split`` are left out for lack of non-members, and how many they need."""
+    fprs = [f"{float(f) * 100:g}%" for f in withheld]
+    needed = [f"{round(MIN_NONMEMBERS_TIMES_FPR / float(f)):,}" for f in withheld]
+    most = next(iter(withheld.values()))
+    one = len(withheld) == 1
+    return (f"{split}: TPR at {' and '.join(fprs)} FPR {'is' if one else 'are'} left out, not enough non-members: "
+            f"{'it needs' if one else 'they need'} about {' and '.join(needed)} non-members; this run has "
+            f"{'an unknown number' if most is None else format(most, ',')}.")
+
+
 def _membership(r, images):
     names = sorted({a for m in r["models"] for a in m["attacks"]})
     cnames = sorted({a for m in r["models"] for a in m["canary_attacks"]})
     if not names and not cnames:
         return None
+    shown, left_out = {}, []
+    for key, split in (("attacks", "Members vs. held-out"), ("canary_attacks", "Canaries")):
+        withheld = withheld_tprs(r["models"], key)
+        shown[key] = [f for f in SHOWN_FPRS if f not in withheld]
+        if withheld:
+            left_out.append(_withheld_sentence(withheld, split))
     return {"image": images.get("membership"), "models": r["models"], "names": names, "cnames": cnames,
-            "fprs": REPORT_FPRS, "eps_text": _eps_text}
+            "shown": shown, "left_out": left_out, "eps_text": _eps_text}
 
 
 def _extraction(r, images):

@@ -2,6 +2,8 @@
 
 SCHEMA_VERSION = 2
 REPORT_FPRS = ("0.1", "0.01", "0.001")
+# the TPRs the membership figure and the HTML tables show (every one of REPORT_FPRS is in tables/attacks.csv)
+SHOWN_FPRS = ("0.01", "0.001")
 # DESIGN.md section 4: TPR at FPR a needs about 10 / a non-members to mean anything.
 MIN_NONMEMBERS_TIMES_FPR = 10.0
 # Online LiRA fits per-text "in" and "out" means; with fewer reference models than this on

@@ -513,3 +513,38 @@ def test_the_page_leads_with_one_sentence_per_model(tmp_path):
     assert 'alt="threat-model ladder' in ladder
     verdicts = html.split('id="verdicts"')[1].split("</section>")[0]
     assert f"{patient:.2f} / 3.00" in verdicts and "input-space" not in verdicts  # a rung no model ran: no column
+
+
+# --------------------------------------------------------------------------- TPRs withheld for every attack
+
+
+def test_tprs_withheld_for_every_attack_have_no_panel_and_no_column(built):
+    import copy
+
+    from dpaudit.report.figures import membership
+    from dpaudit.report.html import render
+
+    _, report, html = built
+    # 150 held-out members and 20 excluded canaries: TPR at 1% and 0.1% FPR withheld for every attack
+    titles = [ax.get_title() for ax in membership(report).axes]
+    assert titles == ["AUC: members vs. held-out", "AUC: canaries"]
+    part = html.split('id="membership"')[1].split("</section>")[0]
+    assert ("Members vs. held-out: TPR at 1% and 0.1% FPR are left out, not enough non-members: they need about "
+            "1,000 and 10,000 non-members; this run has 150.") in part
+    assert "this run has 20." in part
+    assert "n/e" not in part and "TPR at 1% / 0.1% FPR" not in part
+    assert not any("members: TPR" in w for w in report["warnings"])  # said once, where the panels would be
+
+    # 2,000 held out and a TPR at 1% FPR for one attack: that panel and column stay, 0.1% goes
+    report = copy.deepcopy(report)
+    for m in report["models"]:
+        for name, a in m["attacks"].items():
+            a["num_out"] = 2000
+            a["tpr_at_fpr"]["0.01"] = 0.05 if name == "loss" else None
+    titles = [ax.get_title() for ax in membership(report).axes]
+    assert titles == ["AUC: members vs. held-out", "TPR at 1% FPR: members vs. held-out", "AUC: canaries"]
+    part = render(report, {}).split('id="membership"')[1].split("</section>")[0]
+    assert ("Members vs. held-out: TPR at 0.1% FPR is left out, not enough non-members: it needs about 10,000 "
+            "non-members; this run has 2,000.") in part
+    assert "Members vs. held-out: AUC [95% CI]; TPR at 1% FPR</h3>" in part
+    assert "0.050" in part and "n/e" in part  # zlib's withheld TPR at 1% beside loss's
