@@ -95,6 +95,25 @@ def _percent_range(values: Sequence[float]) -> str:
     return f"{lo:.0%}" if f"{lo:.0%}" == f"{hi:.0%}" else f"{lo:.0%}–{hi:.0%}"
 
 
+def _claim_line(lo: float, hi: float, columns: Sequence[tuple[float, float, float]]) -> tuple[list, list]:
+    """The line y = x from ``lo`` to ``hi``, flat at each column's claim across it (x0, x1,
+    claim): a column drawn off its epsilon (its rungs spread, a patient-level model nudged)
+    is read against the claim it is held to, which y = x alone would misplace."""
+    xs, ys, edge = [lo], [lo], lo
+    for x0, x1, claim in sorted(columns):
+        if len(xs) > 1 and ys[-2] == claim and x0 < edge * 1.2:  # next to a column of the same claim: one step
+            edge = max(x1, edge)
+            xs[-2:], ys[-1] = [edge, edge], edge
+            continue
+        x0 = max(x0, edge)
+        if x1 <= x0:
+            continue
+        xs += [x0, x0, x1, x1]
+        ys += [x0, claim, claim, x1]
+        edge = x1
+    return xs + [max(hi, edge)], ys + [max(hi, edge)]
+
+
 def compliance(report: Mapping[str, Any]) -> Figure | None:
     """The threat-model ladder: for each model, at its accountant epsilon, one marker per rung
     at the rung's sound lower bound and a tick of the same colour at its ceiling."""
@@ -111,9 +130,15 @@ def compliance(report: Mapping[str, Any]) -> Figure | None:
     top = max([axis.hi_finite * 2.5] + [v * 4 for v in positive])
     fig = Figure(figsize=(8.0, 6.4), layout="constrained")
     ax = fig.add_subplot()
-    xs = np.geomspace(axis.lo, axis.hi_finite * 2, 200)
-    ax.fill_between(xs, xs, top, color="#fbe3e3", zorder=0, label="claim violated (bound > accountant ε)")
-    ax.plot(xs, xs, color="#b00020", lw=1.2, label="y = x (bound = claim)")
+    # the rungs of one model side by side around its epsilon, weakest left
+    xrs = {m["name"]: [x * RUNG_SPREAD ** (list(RUNGS).index(rung) - 1) if m["rungs"] else x for rung, *_ in pts]
+           for m, x, pts in drawn}
+    columns = [(min(xrs[m["name"]]) / 1.06, max(xrs[m["name"]]) * 1.06, m["verdict"]["claimed_epsilon"])
+               for m, _, _ in drawn if m["privacy"] == "dp" and m["verdict"]["claimed_epsilon"]]
+    xs, ys = _claim_line(axis.lo, axis.hi_finite * 2, columns)
+    ax.fill_between(xs, ys, top, color="#fbe3e3", zorder=0, label="claim violated (bound > the claim)")
+    ax.plot(xs, ys, color="#b00020", lw=1.2,
+            label="the claim: y = x, and across a model's rungs the claim it is held to")
     heuristic = [(x, m["dp"]["last_iterate_epsilon"]) for m, x, _ in drawn
                  if m["dp"].get("last_iterate_epsilon") and not m["rungs"]]
     for i, (x, h) in enumerate(heuristic):
@@ -122,9 +147,7 @@ def compliance(report: Mapping[str, Any]) -> Figure | None:
     confidence: dict[str, list[float]] = {}
     for m, x, pts in drawn:
         private = m["privacy"] == "dp"
-        for rung, b, c, conf in pts:
-            # the rungs of one model side by side around its epsilon, weakest left
-            xr = x * RUNG_SPREAD ** (list(RUNGS).index(rung) - 1) if m["rungs"] else x
+        for (rung, b, c, conf), xr in zip(pts, xrs[m["name"]]):
             marker, color = RUNG_STYLE[rung]
             color = color if private else "0.45"
             y = max(b, floor)

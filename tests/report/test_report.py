@@ -495,6 +495,15 @@ def test_the_compliance_figure_is_the_ladder(tmp_path):
     assert len(white) == 2 and white[1] > 1.15 * white[0]  # the patient-level model apart from the note-level one
 
 
+def test_the_claim_line_is_flat_at_each_models_claim_across_its_rungs():
+    from dpaudit.report.figures import _claim_line
+
+    # 4 (note level) and 4 (patient level, nudged right): one step; a group's claim 9 at epsilon 8
+    xs, ys = _claim_line(0.5, 16.0, [(3.6, 4.5, 4.0), (4.8, 5.9, 4.0), (7.5, 8.5, 9.0)])
+    assert xs == [0.5, 3.6, 3.6, 5.9, 5.9, 7.5, 7.5, 8.5, 8.5, 16.0]
+    assert ys == [0.5, 3.6, 4.0, 4.0, 5.9, 7.5, 9.0, 9.0, 8.5, 16.0]
+
+
 def test_the_page_leads_with_one_sentence_per_model(tmp_path):
     claim = _claim_of_dp4()
     ladders = {"dp4": [rung("released", ceiling=0.6), rung("white_box", shift=8.0, ceiling=3.0)],
