@@ -40,7 +40,8 @@ from dpaudit.report.schema import (
 from dpaudit.report.snapshot import RunSnapshot, Unreadable
 from dpaudit.report.values import integer
 
-__all__ = ["SCHEMA_VERSION", "ReportData", "assemble", "withheld_tprs", "MODEL_KEYS", "DP_KEYS", "REPORT_FPRS", "UNIT_LABEL"]
+__all__ = ["SCHEMA_VERSION", "ReportData", "assemble", "withheld_tprs", "MODEL_KEYS", "DP_KEYS", "REPORT_FPRS",
+           "UNIT_LABEL"]
 
 
 @dataclass

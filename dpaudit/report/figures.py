@@ -84,10 +84,12 @@ def _ladder_points(m: Mapping[str, Any]) -> list[tuple[str, float, float | None,
     """(rung, bound, ceiling, confidence) of each rung drawn for a model: the rungs that ran
     (a refused one is left out); without a ladder, its canary audit as the released rung."""
     if m["rungs"]:
-        return [(r["rung"], r["epsilon"], r["ceiling"], r["confidence"]) for r in m["rungs"] if r["epsilon"] is not None]
+        return [(g["rung"], g["epsilon"], g["ceiling"], g["confidence"]) for g in m["rungs"]
+                if g["epsilon"] is not None]
     a = m["audit"]
-    return [] if a["epsilon_lower_bound"] is None else [("released", a["epsilon_lower_bound"], a["ceiling"],
-                                                         a["confidence"])]
+    if a["epsilon_lower_bound"] is None:
+        return []
+    return [("released", a["epsilon_lower_bound"], a["ceiling"], a["confidence"])]
 
 
 def _percent_range(values: Sequence[float]) -> str:
