@@ -17,6 +17,7 @@ A run is a set of models that share their data, canaries and reference fleet::
                              signals/, results/ATTACK.json|npz              (attack)
                              extraction.json                                (extract)
                              multi_run.json|npz                             (multi-run audit)
+                             ladder.json                                    (threat-model ladder)
       multi_run/NAME/        the multi-run audit's 2K runs (a fleet)       (multi-run audit)
       report.json, report.html, figures/, tables/                          (report)
       step_audit.json, step_audit.npz  white-box audit of one step          (validate --step)

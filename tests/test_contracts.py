@@ -24,6 +24,8 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedModel, PreTrainedTokenizerFast
 
 from dpaudit.accounting import DpRecord
+from dpaudit.audit import CanaryScores
+from dpaudit.audit.ladder import Rung
 from dpaudit.canaries import (
     KINDS,
     canaries_from_dict,
@@ -337,6 +339,14 @@ MULTI_RUN = ({"canary": "canary-new_token-0000", "num_runs": 3, "verdict": {"sta
               "bounds": {"clopper_pearson": {"epsilon": 0.0}}},
              RNG.normal(size=3), RNG.normal(size=3))
 EXTRACTION = {"canaries": [{"id": "c1", "extracted": True, "rank": 1}], "secrets": None, "k_extractable": {"k": 8}}
+LADDER = [
+    Rung(rung="released", bound=CanaryScores(in_scores=RNG.normal(1, 1, 50), out_scores=RNG.normal(0, 1, 50),
+                                             seed=0).bound("one_run", delta=1e-5, significance=0.05),
+         attack="loss", significance=0.05, ideal=0.75, ideal_range=(0.5, 1.0), num_canaries=100,
+         regime={"noise_multiplier": 1.1, "sample_rate": 0.01, "steps": 100}, cost_s=1.5),
+    Rung(rung="white_box", bound=None, attack=None, significance=None, ideal=None, ideal_range=None,
+         num_canaries=0, regime={}, refused="a canary included more often than the claimed sampler's rate"),
+]
 AUDIT_INPUTS = {"model": "/models/m", "reference_models": ["/models/r0"], "members": {"path": "m.jsonl", "count": 3},
                 "max_length": 64, "blind_baseline": {"auc": 0.5, "lift": {"loss": None}}}
 
@@ -405,6 +415,8 @@ CODECS = [
     Codec("multi_run", lambda root, m: ModelDir(root).write_multi_run(m[0], in_scores=m[1], out_scores=m[2]),
           lambda root: ModelDir(root).read_multi_run(), MULTI_RUN,
           lambda m: {**_stamped(m[0]), "in_scores": m[1], "out_scores": m[2]}),
+    Codec("ladder", lambda root, rungs: artifacts.write_ladder(ModelDir(root), rungs),
+          lambda root: artifacts.read_ladder(ModelDir(root)), LADDER),
     Codec("audit_inputs", lambda root, a: RunDir(root).write_audit_inputs(a),
           lambda root: RunDir(root).read_audit_inputs(), AUDIT_INPUTS, _stamped),
     Codec("error", _write_error, lambda root: ModelDir(root).read_error(), ("train", InputError("bad <input>")),

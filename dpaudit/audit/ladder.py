@@ -13,13 +13,16 @@ The rungs here, each a sound one-run bound on the same claim (epsilon, delta, un
 - ``white_box``: Dirac gradient canaries inside a DP-SGD run of the trainer, scored from every
   step's noisy clipped sum (all iterates).
 
-Each rung has its own ceiling: the median bound of the same tests on the *ideal* scores of
+Each rung has its own *ideal*: the median bound of the same tests on the ideal scores of
 its regime (noise multiplier sigma, Poisson rate q, T steps, m canaries, the same strategy
 and significance): each canary's score is the statistic a perfect attack on the final model
 of linear losses sees (Steinke et al. 2025, arXiv 2410.06186), k + N(0, T sigma^2) with
 k ~ Binomial(T, q) the steps that sampled it (0 when left out), in units of the clipping
-norm; for Dirac gradient canaries this is their score exactly. A rung far below its ceiling
-has a weak attack; a ceiling far below the claim is an audit that could not have seen much.
+norm; for Dirac gradient canaries this is their score exactly. The ideal is what a perfect
+attack shows on a run that keeps its claim: a rung far below its ideal has a weak attack, an
+ideal far below the claim is an audit whose design (m, q, T) could not have come near it. It is
+not the verdict's ceiling (:func:`dpaudit.audit.ceilings`, every guess right), which says
+whether a violation could have been seen at all.
 
 The white-box rung tests one pre-registered number of guesses: the guess fraction whose
 ideal bound is the largest (:func:`choose_guess_fraction`), chosen by simulating the claimed
@@ -59,7 +62,7 @@ GUESS_FRACTIONS: tuple[float, ...] = (0.0005, 0.001, 0.003, 0.01, 0.03, 0.1, 0.3
 class Rung:
     """One rung of a model's ladder: its best sound bound (None when the rung was refused or
     not run: ``refused`` says why), the rung's significance (the union over every test it
-    tried: its best bound holds with confidence 1 - significance), its ceiling (median of the
+    tried: its best bound holds with confidence 1 - significance), its ideal (median of the
     ideal bounds, with their range), the regime it ran in (``noise_multiplier``,
     ``sample_rate``, ``steps``), its canaries, and what it cost in seconds."""
 
@@ -67,8 +70,8 @@ class Rung:
     bound: BoundResult | None
     attack: str | None
     significance: float | None
-    ceiling: float | None
-    ceiling_range: tuple[float, float] | None
+    ideal: float | None
+    ideal_range: tuple[float, float] | None
     num_canaries: int
     regime: dict[str, Any]
     cost_s: float | None = None
@@ -88,7 +91,7 @@ class Rung:
             "attack": self.attack, "epsilon": self.epsilon,
             "significance": self.significance,
             "confidence": None if self.significance is None else 1.0 - self.significance,
-            "ceiling": self.ceiling, "ceiling_range": self.ceiling_range, "num_canaries": self.num_canaries,
+            "ideal": self.ideal, "ideal_range": self.ideal_range, "num_canaries": self.num_canaries,
             "regime": self.regime, "cost_s": self.cost_s, "refused": self.refused,
             "bound": None if self.bound is None else self.bound.to_dict(),
         })
@@ -97,10 +100,10 @@ class Rung:
     def from_dict(cls, d: dict[str, Any]) -> Rung:
         b = d.get("bound")
         bound = None if b is None else BoundResult.from_dict(b)
-        rng = d.get("ceiling_range")
+        rng = d.get("ideal_range")
         return cls(rung=d["rung"], bound=bound, attack=d.get("attack"), significance=d.get("significance"),
-                   ceiling=d.get("ceiling"),
-                   ceiling_range=None if rng is None else (float(rng[0]), float(rng[1])),
+                   ideal=d.get("ideal"),
+                   ideal_range=None if rng is None else (float(rng[0]), float(rng[1])),
                    num_canaries=int(d["num_canaries"]), regime=dict(d.get("regime") or {}), cost_s=d.get("cost_s"),
                    refused=d.get("refused"))
 

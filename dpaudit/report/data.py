@@ -19,7 +19,7 @@ Privacy of the report: member texts (canary ``text`` / ``prefix``, free-text fie
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,12 +34,14 @@ from dpaudit.report.schema import (
     MODEL_KEYS,
     REPORT_FPRS,
     SCHEMA_VERSION,
+    SHOWN_FPRS,
     UNIT_LABEL,
 )
 from dpaudit.report.snapshot import RunSnapshot, Unreadable
 from dpaudit.report.values import integer
 
-__all__ = ["SCHEMA_VERSION", "ReportData", "assemble", "MODEL_KEYS", "DP_KEYS", "REPORT_FPRS", "UNIT_LABEL"]
+__all__ = ["SCHEMA_VERSION", "ReportData", "assemble", "withheld_tprs", "MODEL_KEYS", "DP_KEYS", "REPORT_FPRS",
+           "UNIT_LABEL"]
 
 
 @dataclass
@@ -111,12 +113,23 @@ def _fleet(keep, attack_names: set[str], warnings: list[str]) -> dict | None:
     return summary
 
 
+def withheld_tprs(models: Sequence[Mapping[str, Any]], key: str) -> dict[str, int | None]:
+    """The shown FPRs (``SHOWN_FPRS``) at which no attack of any of ``models`` on split ``key``
+    (``"attacks"`` or ``"canary_attacks"``) has a TPR (too few non-members: each withheld),
+    each with the most non-members an attack had. The figure and the tables leave them out."""
+    splits = [a for m in models for a in m[key].values()]
+    most = max((a["num_out"] for a in splits if a["num_out"] is not None), default=None)
+    return {f: most for f in SHOWN_FPRS if splits and all(a["tpr_at_fpr"].get(f) is None for a in splits)}
+
+
 def _tpr_warning(models: list[dict], warnings: list[str]) -> None:
-    """One line for all the TPRs withheld for lack of non-members (not one per attack)."""
+    """One line for all the TPRs withheld for lack of non-members (not one per attack); those
+    withheld for every attack are said where their panel and column are left out."""
     for split, key in (("members", "attacks"), ("canaries", "canary_attacks")):
         outs = sorted({a["num_out"] for m in models for a in m[key].values() if a["num_out"] is not None})
+        dropped = withheld_tprs(models, key)
         missing = sorted({f for m in models for a in m[key].values() for f, v in a["tpr_at_fpr"].items()
-                          if v is None}, key=float)
+                          if v is None and f not in dropped}, key=float)
         if outs and missing:
             warnings.append(
                 f"{split}: TPR at FPR {', '.join(format(float(f) * 100, 'g') + '%' for f in missing)} "

@@ -17,11 +17,17 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
+from dpaudit.report.data import withheld_tprs
+from dpaudit.report.schema import RUNG_LABEL, SHOWN_FPRS
+
 __all__ = ["FIGURES", "compliance", "utility", "membership", "extraction", "secrets", "patient_secrets", "roc"]
 
 GUIDE_FPRS = (0.1, 0.01, 0.001)
 UNIT_MARKERS = {"example": "o", "user": "s"}
 USER_NUDGE = 1.3
+# the rungs of the threat-model ladder: (marker, colour); a model's rungs are spread by this factor around its x
+RUNG_STYLE = {"released": ("o", "tab:blue"), "input_space": ("^", "tab:green"), "white_box": ("D", "tab:purple")}
+RUNG_SPREAD = 1.07
 
 
 def _label(text: Any) -> str:
@@ -74,67 +80,111 @@ def _marker(m) -> str:
 # --------------------------------------------------------------------------- figures
 
 
+def _ladder_points(m: Mapping[str, Any]) -> list[tuple[str, float, float | None, float | None]]:
+    """(rung, bound, ideal, confidence) of each rung drawn for a model: the rungs that ran
+    (a refused one is left out); without a ladder, its canary audit as the released rung,
+    with no ideal."""
+    if m["rungs"]:
+        return [(g["rung"], g["epsilon"], g["ideal"], g["confidence"]) for g in m["rungs"]
+                if g["epsilon"] is not None]
+    a = m["audit"]
+    if a["epsilon_lower_bound"] is None:
+        return []
+    return [("released", a["epsilon_lower_bound"], None, a["confidence"])]
+
+
+def _percent_range(values: Sequence[float]) -> str:
+    lo, hi = min(values), max(values)
+    return f"{lo:.0%}" if f"{lo:.0%}" == f"{hi:.0%}" else f"{lo:.0%}–{hi:.0%}"
+
+
+def _claim_line(lo: float, hi: float, columns: Sequence[tuple[float, float, float]]) -> tuple[list, list]:
+    """The line y = x from ``lo`` to ``hi``, flat at each column's claim across it (x0, x1,
+    claim): a column drawn off its epsilon (its rungs spread, a patient-level model nudged)
+    is read against the claim it is held to, which y = x alone would misplace."""
+    xs, ys, edge = [lo], [lo], lo
+    for x0, x1, claim in sorted(columns):
+        if len(xs) > 1 and ys[-2] == claim and x0 < edge * 1.2:  # next to a column of the same claim: one step
+            edge = max(x1, edge)
+            xs[-2:], ys[-1] = [edge, edge], edge
+            continue
+        x0 = max(x0, edge)
+        if x1 <= x0:
+            continue
+        xs += [x0, x0, x1, x1]
+        ys += [x0, claim, claim, x1]
+        edge = x1
+    return xs + [max(hi, edge)], ys + [max(hi, edge)]
+
+
 def compliance(report: Mapping[str, Any]) -> Figure | None:
-    """Best sound empirical lower bound against the accountant's epsilon, with the ceiling."""
+    """The threat-model ladder: for each model, at its accountant epsilon, one marker per rung
+    at the rung's sound lower bound and a tick of the same colour at its ideal."""
+    from dpaudit.audit.ladder import RUNGS
+
     models = [m for m in report["models"] if m["privacy"] in ("dp", "non_private")]
     if not any(m["privacy"] == "dp" for m in models):
         return None
     axis = _EpsAxis(models)
-    pts = [(m, x) for m, x in _points(models, axis) if m["audit"]["epsilon_lower_bound"] is not None]
-    values = [m["audit"]["epsilon_lower_bound"] for m, _ in pts]
-    ceilings = [m["audit"]["ceiling"] for m, _ in pts if m["audit"]["ceiling"] is not None]
-    positive = [v for v in values + ceilings if v and v > 0]
+    drawn = [(m, x, _ladder_points(m)) for m, x in _points(models, axis)]
+    drawn = [(m, x, pts) for m, x, pts in drawn if pts]
+    positive = [v for _, _, pts in drawn for _, b, c, _ in pts for v in (b, c) if v]
     floor = min([axis.lo / 4] + [v / 3 for v in positive])
     top = max([axis.hi_finite * 2.5] + [v * 4 for v in positive])
-    fig = Figure(figsize=(8.0, 6.0), layout="constrained")
+    fig = Figure(figsize=(8.0, 6.4), layout="constrained")
     ax = fig.add_subplot()
-    xs = np.geomspace(axis.lo, axis.hi_finite * 2, 200)
-    ax.fill_between(xs, xs, top, color="#fbe3e3", zorder=0, label="claim violated (bound > accountant ε)")
-    ax.plot(xs, xs, color="#b00020", lw=1.2, label="y = x (bound = claim)")
-    # the ceiling: one line per value to one decimal (it depends on m, delta, the significance
-    # and, for the DP-SGD family test, q and T), across the DP models that share it, drawn at the
-    # highest of them; the non-private model's separately
-    groups: dict[tuple[bool, float], list[tuple[float, float]]] = {}
-    for m, x in pts:
-        c = m["audit"]["ceiling"]
-        if c is not None:
-            groups.setdefault((m["privacy"] == "non_private", round(c, 1)), []).append((x, c))
-    for i, (_, members) in enumerate(sorted(groups.items())):
-        xs_c, c = [x for x, _ in members], max(v for _, v in members)
-        x0, x1 = min(xs_c) / 1.4, max(xs_c) * 1.4
-        ax.plot([x0, x1], [max(c, floor)] * 2, color="tab:purple", ls="--", lw=1.5,
-                label="ceiling: best bound these canaries could give" if i == 0 else None)
-        ax.annotate(f"ceiling {c:.2f}", (x0, max(c, floor)), textcoords="offset points",
-                    xytext=(0, 3) if i % 2 == 0 else (0, -10), fontsize=7, color="tab:purple")
-    heuristic = [(x, m["dp"]["last_iterate_epsilon"]) for m, x in pts if m["dp"].get("last_iterate_epsilon")]
+    # the rungs of one model side by side around its epsilon, weakest left
+    xrs = {m["name"]: [x * RUNG_SPREAD ** (list(RUNGS).index(rung) - 1) if m["rungs"] else x for rung, *_ in pts]
+           for m, x, pts in drawn}
+    columns = [(min(xrs[m["name"]]) / 1.06, max(xrs[m["name"]]) * 1.06, m["verdict"]["claimed_epsilon"])
+               for m, _, _ in drawn if m["privacy"] == "dp" and m["verdict"]["claimed_epsilon"]]
+    xs, ys = _claim_line(axis.lo, axis.hi_finite * 2, columns)
+    ax.fill_between(xs, ys, top, color="#fbe3e3", zorder=0, label="claim violated (bound > the claim)")
+    ax.plot(xs, ys, color="#b00020", lw=1.2,
+            label="the claim: y = x, and across a model's rungs the claim it is held to")
+    heuristic = [(x, m["dp"]["last_iterate_epsilon"]) for m, x, _ in drawn
+                 if m["dp"].get("last_iterate_epsilon") and not m["rungs"]]
     for i, (x, h) in enumerate(heuristic):
         ax.plot([x / 1.25, x * 1.25], [h, h], color="tab:orange", lw=2.2, zorder=3,
-                label="last-iterate heuristic (Steinke et al. 2025): what a final-model audit can hope to see"
-                if i == 0 else None)
-    for m, x in pts:
-        b = m["audit"]["epsilon_lower_bound"]
-        y = max(b, floor)
-        color = "0.35" if m["privacy"] == "non_private" else "tab:blue"
-        ax.plot(x, y, marker=_marker(m), ms=9, color=color, markeredgecolor="black", ls="none", zorder=4,
-                fillstyle="full" if b > 0 else "none")
-        ax.annotate("", xy=(x, y * 2.2), xytext=(x, y), zorder=3,
-                    arrowprops={"arrowstyle": "-|>", "color": color, "lw": 1.4})
-        conf = m["audit"]["confidence"]
-        family = " DP-SGD family" if m["audit"]["method"] == "claimed_curve" else ""
-        ax.annotate(f"{_label(m['name'])}\n≥ {b:.2f}{family}" + (f" ({conf:.0%})" if conf is not None else ""),
-                    (x, y), textcoords="offset points", fontsize=7.5,
-                    xytext=(8, 10) if m["dp"].get("unit") == "user" else (8, -16))
+                label="last-iterate heuristic (Steinke et al. 2025), models without a ladder" if i == 0 else None)
+    confidence: dict[str, list[float]] = {}
+    for m, x, pts in drawn:
+        private = m["privacy"] == "dp"
+        for (rung, b, c, conf), xr in zip(pts, xrs[m["name"]]):
+            marker, color = RUNG_STYLE[rung]
+            color = color if private else "0.45"
+            y = max(b, floor)
+            if c is not None:
+                ax.plot([xr, xr], [y, max(c, floor)], color=color, lw=1.0, alpha=0.35, zorder=2)
+                ax.plot([xr / 1.035, xr * 1.035], [max(c, floor)] * 2, color=color, lw=2.4, zorder=3,
+                        solid_capstyle="butt")
+            ax.plot(xr, y, marker=marker, ms=8, color=color, markeredgecolor="black", ls="none", zorder=4,
+                    fillstyle="full" if b > 0 else "none")
+            if private and conf is not None:
+                confidence.setdefault(rung, []).append(conf)
     ax.set_yscale("log")
     ax.set_ylim(floor / 1.5, top)
     axis.apply(ax)
-    ax.set_ylabel("best sound empirical ε lower bound")
-    ax.set_title("Compliance: empirical lower bound vs. accountant ε")
+    # the models named above their column (patient-level ones are nudged right of note-level ones)
+    names = sorted(((x, _label(m["name"]) + (" (patient-level)" if m["dp"].get("unit") == "user" else ""))
+                    for m, x, _ in drawn), key=lambda t: t[0])
+    top_axis = ax.secondary_xaxis("top")
+    top_axis.set_xticks([x for x, _ in names], [n for _, n in names], rotation=35, ha="left", fontsize=7.5,
+                        rotation_mode="anchor")
+    top_axis.minorticks_off()
+    ax.set_ylabel("sound empirical ε lower bound")
+    ax.set_title("Threat-model ladder: empirical lower bound vs. accountant ε", fontsize=10)
     handles, labels = ax.get_legend_handles_labels()
-    for unit, mk in UNIT_MARKERS.items():
-        if any(m["dp"].get("unit") == unit for m, _ in pts):
-            handles.append(ax.plot([], [], marker=mk, ls="none", color="tab:blue", markeredgecolor="black")[0])
-            labels.append({"example": "note-level DP (one note)", "user": "patient-level DP (one patient)"}[unit])
-    fig.legend(handles, labels, loc="outside lower center", ncols=2, fontsize=7.5)  # clear of the points and labels
+    for rung, (marker, color) in RUNG_STYLE.items():
+        if rung in confidence:
+            handles.append(ax.plot([], [], marker=marker, ls="none", color=color, markeredgecolor="black")[0])
+            labels.append(f"{RUNG_LABEL[rung]}: {RUNGS[rung]} ({_percent_range(confidence[rung])})")
+    handles.append(ax.plot([], [], color="0.3", lw=2.4, marker="|", ms=0)[0])
+    labels.append("ideal (tick): the median bound of a perfect attack on that rung, had the run kept its claim")
+    if any(m["privacy"] == "non_private" for m, _, _ in drawn):
+        handles.append(ax.plot([], [], marker="o", ls="none", color="0.45", markeredgecolor="black")[0])
+        labels.append("no DP: its canaries' best bound, for scale")
+    fig.legend(handles, labels, loc="outside lower center", ncols=2, fontsize=7.5)  # clear of the points
     ax.grid(True, which="major", color="0.92")
     return fig
 
@@ -164,23 +214,29 @@ def utility(report: Mapping[str, Any]) -> Figure | None:
 
 
 def membership(report: Mapping[str, Any]) -> Figure | None:
-    """AUC, TPR at 1% and at 0.1% FPR against epsilon; members (top) and canaries (bottom)."""
+    """AUC, TPR at 1% and at 0.1% FPR against epsilon; members (top) and canaries (bottom).
+    A TPR withheld for every attack of a split (too few non-members) has no panel."""
     models = report["models"]
     axis = _EpsAxis(models)
     pts = _points(models, axis)
-    if not pts or not any(m["attacks"] or m["canary_attacks"] for m, _ in pts):
+    drawn = [m for m, _ in pts]
+    rows = [(key, split, [("AUC", None)] + [(f"TPR at {float(f) * 100:g}% FPR", f) for f in SHOWN_FPRS
+                                             if f not in withheld_tprs(drawn, key)])
+            for key, split in (("attacks", "members vs. held-out"), ("canary_attacks", "canaries"))
+            if any(m[key] for m in drawn)]
+    if not rows:
         return None
-    names = sorted({a for m, _ in pts for key in ("attacks", "canary_attacks") for a in m[key]})
+    names = sorted({a for m in drawn for key in ("attacks", "canary_attacks") for a in m[key]})
     import matplotlib as mpl
 
     cmap = mpl.colormaps["tab10"]
     colors = {n: cmap(i % 10) for i, n in enumerate(names)}
-    fig = Figure(figsize=(12.0, 6.4), layout="constrained")
-    cols = (("AUC", None), ("TPR at 1% FPR", "0.01"), ("TPR at 0.1% FPR", "0.001"))
-    for row, (key, split) in enumerate((("attacks", "members vs. held-out"), ("canary_attacks", "canaries"))):
+    ncols = max(len(cols) for _, _, cols in rows)
+    fig = Figure(figsize=(4.0 * ncols, 3.2 * len(rows)), layout="constrained")
+    grid = fig.add_gridspec(len(rows), ncols)
+    for row, (key, split, cols) in enumerate(rows):
         for col, (what, fpr) in enumerate(cols):
-            ax = fig.add_subplot(2, 3, row * 3 + col + 1)
-            drawn = False
+            ax = fig.add_subplot(grid[row, col])
             for n in names:
                 for unit, ls, mk in (("user", "--", "s"), (None, "-", "o")):
                     series = []
@@ -192,18 +248,14 @@ def membership(report: Mapping[str, Any]) -> Figure | None:
                         if v is not None:
                             series.append((x, v))
                     if series:
-                        drawn = True
                         ax.plot(*zip(*series), marker=mk, ms=4, lw=1.2, ls=ls, color=colors[n],
                                 label=_label(n) if unit is None else None)
-            if not drawn:
-                ax.text(0.5, 0.5, "not enough non-members", transform=ax.transAxes, ha="center",
-                        va="center", color="#8a6d00", fontsize=10, style="italic")
             if fpr is None:
                 ax.axhline(0.5, color="0.6", ls="--", lw=0.8)
             axis.apply(ax)
             ax.set_title(f"{what}: {split}", fontsize=9)
             ax.grid(True, color="0.92")
-            if drawn and col == 0 and row == 0:
+            if col == 0 and row == 0:
                 ax.legend(fontsize=7)
     return fig
 

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dpaudit.report.schema import REPORT_FPRS, UNIT_LABEL
+from dpaudit.report.data import withheld_tprs
+from dpaudit.report.schema import MIN_NONMEMBERS_TIMES_FPR, RUNG_LABEL, SHOWN_FPRS, UNIT_LABEL
 
 __all__ = ["SECTIONS", "Section", "render"]
 
@@ -87,18 +88,58 @@ def _warnings(r, images):
     return {"warnings": r["warnings"]}
 
 
-def _compliance(r, images):
+def _strongest(m) -> tuple[str, float | None, float | None]:
+    """(what, bound, ceiling) of the strongest adversary of a model: the last rung that ran
+    (rungs come in ladder order, weakest first), else its canary audit, the released model's."""
+    ran = [g for g in m["rungs"] if g["epsilon"] is not None]
+    if ran:
+        top = ran[-1]
+        return RUNG_LABEL[top["rung"]], top["epsilon"], top["ceiling"]
+    return RUNG_LABEL["released"], m["audit"]["epsilon_lower_bound"], m["audit"]["ceiling"]
+
+
+def _ladder_sentence(m) -> str:
+    """What a reader can act on, of one model: its strongest adversary's bound against its
+    ceiling at the claimed epsilon, and what the verdict makes of it."""
+    name, v = m["name"], m["verdict"]
+    if m["error"]:
+        return f"{name}: failed ({m['error']}); nothing was audited."
+    if m["privacy"] == "unknown":
+        return f"{name}: privacy unknown (no DP record): there is no claim to test."
+    if m["privacy"] == "non_private":
+        b = m["audit"]["epsilon_lower_bound"]
+        return f"{name}: trained without DP" + ("." if b is None else f"; its canaries show ε ≥ {b:.2f}, for scale.")
+    if v["status"] == "violated" and (v["epsilon_lower_bound"] or 0.0) > (v["claimed_epsilon"] or math.inf):
+        by = RUNG_LABEL.get(v["attack"]) or f"{RUNG_LABEL['released']} ({v['attack']})"
+        return (f"{name}: {by} ε ≥ {v['epsilon_lower_bound']:.2f}, above the claimed ε {v['claimed_epsilon']:.3g} "
+                f"({1 - v['significance']:.0%} confidence): the model does not have the privacy it claims; do not "
+                "release it under this claim.")
+    what, bound, ceiling = _strongest(m)
+    head = f"{name}: {what} {'—' if bound is None else format(bound, '.2f')}"
+    head += ("" if ceiling is None else f" of a ceiling {ceiling:.2f}") + f" at ε {_fmt(m['dp']['epsilon'], '.3g')}"
+    if v["status"] == "consistent":
+        return f"{head}: the audit could see a violation, and none was found."
+    reason = v["reason"][:1].upper() + v["reason"][1:]  # inconclusive, or violated by the trainer's own checks
+    return f"{head}: {v['status']}. {reason}"
+
+
+def _ladder(r, images):
     if r["kind"] == "audit-model" or not _dp_models(r):
         why = ("an audited released model has no recorded DP claim (privacy unknown), so there is no "
                "accountant ε to compare a bound with" if r["kind"] == "audit-model" or
                all(m["privacy"] == "unknown" for m in r["models"])
                else "no model of this run was trained with DP-SGD")
-        return {"image": None, "why": why}
-    return {"image": images.get("compliance"), "why": "the figure could not be drawn"}
+        return {"image": None, "why": why, "sentences": [], "warnings": len(r["warnings"])}
+    return {"image": images.get("compliance"), "why": "the figure could not be drawn",
+            "sentences": [(m, _ladder_sentence(m)) for m in r["models"]], "warnings": len(r["warnings"]),
+            "heuristic": any(m["privacy"] == "dp" and not m["rungs"] and m["dp"]["last_iterate_epsilon"]
+                             for m in r["models"])}
 
 
 def _verdicts(r, images):
-    return {"models": r["models"], "eps_text": _eps_text}
+    shown = [name for name in RUNG_LABEL if any(g["rung"] == name for m in r["models"] for g in m["rungs"])]
+    return {"models": r["models"], "eps_text": _eps_text, "rung_names": shown, "rung_label": RUNG_LABEL,
+            "rung_of": lambda m, name: next((g for g in m["rungs"] if g["rung"] == name), None)}
 
 
 def _multi_run(r, images):
@@ -114,13 +155,30 @@ def _utility(r, images):
     return {"image": images.get("utility"), "models": r["models"], "eps_text": _eps_text}
 
 
+def _withheld_sentence(withheld: Mapping[str, int | None], split: str) -> str:
+    """Which TPRs of ``split`` are left out for lack of non-members, and how many they need."""
+    fprs = [f"{float(f) * 100:g}%" for f in withheld]
+    needed = [f"{round(MIN_NONMEMBERS_TIMES_FPR / float(f)):,}" for f in withheld]
+    most = next(iter(withheld.values()))
+    one = len(withheld) == 1
+    return (f"{split}: TPR at {' and '.join(fprs)} FPR {'is' if one else 'are'} left out, not enough non-members: "
+            f"{'it needs' if one else 'they need'} about {' and '.join(needed)} non-members; this run has "
+            f"{'an unknown number' if most is None else format(most, ',')}.")
+
+
 def _membership(r, images):
     names = sorted({a for m in r["models"] for a in m["attacks"]})
     cnames = sorted({a for m in r["models"] for a in m["canary_attacks"]})
     if not names and not cnames:
         return None
+    shown, left_out = {}, []
+    for key, split in (("attacks", "Members vs. held-out"), ("canary_attacks", "Canaries")):
+        withheld = withheld_tprs(r["models"], key)
+        shown[key] = [f for f in SHOWN_FPRS if f not in withheld]
+        if withheld:
+            left_out.append(_withheld_sentence(withheld, split))
     return {"image": images.get("membership"), "models": r["models"], "names": names, "cnames": cnames,
-            "fprs": REPORT_FPRS, "eps_text": _eps_text}
+            "shown": shown, "left_out": left_out, "eps_text": _eps_text}
 
 
 def _extraction(r, images):
@@ -187,9 +245,9 @@ def _appendix(r, images):
 
 
 SECTIONS: tuple[Section, ...] = (
+    Section("ladder", _ladder),
     Section("summary", _summary),
     Section("warnings", _warnings),
-    Section("compliance", _compliance),
     Section("verdicts", _verdicts),
     Section("step_audit", _step_audit),
     Section("multi_run", _multi_run),

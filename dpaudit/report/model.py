@@ -13,10 +13,17 @@
   :func:`dpaudit.audit.assess` decides them; the best *sound* bound, and, kept apart under
   ``estimates``, the epsilons of the methods that assume a Gaussian trade-off curve or
   independent channels (not sound bounds).
+- ``rungs``: the threat-model ladder of a DP model (:mod:`dpaudit.audit.ladder`), one
+  :meth:`~dpaudit.audit.ladder.Rung.to_dict` per rung in ``RUNGS`` order (its ``ideal``: a
+  perfect attack on a run that keeps the claim), with the ``ceiling`` of its bound (every
+  guess right); empty without one. With rungs, the verdict takes the released model's canary
+  bounds and each other rung's bound (counted at the rung's significance), and its ceiling is
+  the largest of them all: the strongest rung is what could have seen a violation.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -26,7 +33,13 @@ from dpaudit.audit.results import BoundResult
 from dpaudit.errors import InputError
 from dpaudit.jsonable import jsonable
 from dpaudit.report.extraction import extraction_summary, patient_epsilons
-from dpaudit.report.schema import DP_KEYS, MIN_NONMEMBERS_TIMES_FPR, MISMATCH_RTOL, REPORT_FPRS, UNIT_ADJACENCY
+from dpaudit.report.schema import (
+    DP_KEYS,
+    MIN_NONMEMBERS_TIMES_FPR,
+    MISMATCH_RTOL,
+    REPORT_FPRS,
+    UNIT_ADJACENCY,
+)
 from dpaudit.report.snapshot import ModelSnapshot, Unreadable
 from dpaudit.report.values import integer, num
 
@@ -226,14 +239,14 @@ def _claim(privacy: str, dp: dict, record, repetitions: int):
                    f"{dp['epsilon']:.3g}")
 
 
-def _audit(bounds, verdict, ceilings: dict[str, float]) -> dict[str, Any]:
-    """The audit's summary: the reported sound bound (the verdict's), every sound method's
-    ceiling and the largest, and the estimates that are not sound bounds."""
+def _audit(bounds, verdict, ceilings: dict[str, float], ceiling: float | None) -> dict[str, Any]:
+    """The audit's summary: the reported sound bound (the verdict's), every sound canary
+    method's ceiling, the verdict's ceiling, and the estimates that are not sound bounds."""
     audit = {k: getattr(verdict, k) for k in ("epsilon_lower_bound", "method", "attack", "delta", "significance")}
     audit["confidence"] = None if verdict.significance is None else 1.0 - verdict.significance
     for k in ("num_canaries", "num_guesses", "num_correct"):
         audit[k] = getattr(verdict, k)
-    audit.update(ceiling=max(ceilings.values(), default=None), ceilings=ceilings,
+    audit.update(ceiling=ceiling, ceilings=ceilings,
                  estimates={f"{a}/{b.method}": b.epsilon for a, b in bounds if not b.sound},
                  num_sound_bounds=sum(1 for _, b in bounds if b.sound))
     return audit
@@ -252,6 +265,48 @@ def _last_iterate(dp: dict, lr_factors, warn) -> float | None:
     except InputError as err:
         warn(f"last-iterate heuristic not computed: {err}")
         return None
+
+
+def _rungs(ladder, privacy: str, warn) -> list:
+    """The model's rungs in ``RUNGS`` order; none without a ladder, or without a DP claim
+    for them to test."""
+    from dpaudit.audit.ladder import RUNGS
+
+    if isinstance(ladder, Unreadable):
+        warn(f"ladder.json unreadable: {ladder}; the threat-model ladder is not reported")
+        return []
+    if not ladder:
+        return []
+    if privacy != "dp":
+        warn("ladder.json ignored: the model has no DP claim for its rungs to test")
+        return []
+    return sorted(ladder, key=lambda r: list(RUNGS).index(r.rung))
+
+
+def _rung_bound(r):
+    """A rung's bound at the rung's significance (its union over the tests it tried)."""
+    return r.bound if r.significance is None else dataclasses.replace(r.bound, significance=r.significance)
+
+
+def _with_rungs(bounds, rungs) -> tuple[list, tuple[str, str] | None]:
+    """(bounds, remedy) of the verdict with the rungs that ran: the canary bounds (the released
+    rung's own tests) and each other rung's bound at the rung's significance. Their ceiling is
+    the testability ceiling (every guess right), never a rung's ideal (what a perfect attack
+    shows on a run that keeps its claim, below the claim)."""
+    ran = [r for r in rungs if r.bound is not None and r.rung != "released"]
+    pairs = list(bounds) + [(r.rung, _rung_bound(r)) for r in ran]
+    if not ran:
+        return pairs, None
+    todo = "add canaries" if any(r.rung == "white_box" for r in ran) else "add canaries, or run the white-box rung"
+    return pairs, ("the ceiling of its strongest rung", todo)
+
+
+def _rung_entry(r, *, claim, warn) -> dict[str, Any]:
+    """A rung's :meth:`~dpaudit.audit.ladder.Rung.to_dict` and its testability ``ceiling``."""
+    from dpaudit.audit import ceilings
+
+    found = {} if r.bound is None else ceilings([(r.rung, _rung_bound(r))], claim=claim, warn=warn)
+    return {**r.to_dict(), "ceiling": max(found.values(), default=None)}
 
 
 def _multi_run(result, warn) -> dict[str, Any] | None:
@@ -301,7 +356,6 @@ def model_entry(model: ModelSnapshot, *, include_texts: bool, repetitions: int,
     checks = _train_checks(model.checks, warn)
     attacks, canary_attacks, bounds, roc = _attacks(model.results, warn)
     claim, group_note = _claim(privacy, dp, record, repetitions)
-    found = ceilings(bounds, claim=claim, warn=warn)
     extraction, ext_rows, patient_rows = extraction_summary(model.name, model.extraction, include_texts, warn)
     if group_note:
         warn(group_note)
@@ -315,15 +369,20 @@ def model_entry(model: ModelSnapshot, *, include_texts: bool, repetitions: int,
         field = extraction["patient_secrets"]["field"]
         patient_rows = [{"model": model.name, "field": field, **row} for row in patient_rows]
     raw_checks = model.checks if isinstance(model.checks, Mapping) else None
-    verdict = assess(bounds=bounds, claim=claim, learned=utility["learned"], ceiling=max(found.values(), default=None),
-                     checks=raw_checks, record=record)
-    if not bounds and error is None and privacy != "unknown":
+    rungs = _rungs(model.ladder, privacy, warn)
+    pairs, remedy = _with_rungs(bounds, rungs)
+    found = ceilings(pairs, claim=claim, warn=warn)
+    ceiling = max(found.values(), default=None)
+    verdict = assess(bounds=pairs, claim=claim, learned=utility["learned"], ceiling=ceiling, checks=raw_checks,
+                     record=record, remedy=remedy)
+    if not pairs and error is None and privacy != "unknown":
         warn("no canary bounds (results/*.json has no canaries split): the DP claim could not be tested")
     if utility["initial_train_loss"] is None and privacy != "unknown" and log:
         warn("no step-0 evaluation in train_log.jsonl: whether the model learned is unknown")
     entry = {"name": model.name, "error": error, "privacy": privacy, "dp": dp, "utility": utility,
              "train_checks": checks, "attacks": attacks, "canary_attacks": canary_attacks,
-             "audit": _audit(bounds, verdict, found), "extraction": extraction, "verdict": verdict.to_dict(),
+             "audit": _audit(pairs, verdict, found, ceiling), "rungs": [_rung_entry(r, claim=claim, warn=warn) for r in rungs],
+             "extraction": extraction, "verdict": verdict.to_dict(),
              "multi_run": _multi_run(model.multi_run, warn), "warnings": warnings}
     bound_rows = [{"model": model.name, "attack": a, "method": b.method, "sound": b.sound, "epsilon": b.epsilon,
                    "delta": b.delta, "significance": b.significance, "num_canaries": b.num_canaries,

@@ -2,6 +2,8 @@
 
 SCHEMA_VERSION = 2
 REPORT_FPRS = ("0.1", "0.01", "0.001")
+# the TPRs the membership figure and the HTML tables show (every one of REPORT_FPRS is in tables/attacks.csv)
+SHOWN_FPRS = ("0.01", "0.001")
 # DESIGN.md section 4: TPR at FPR a needs about 10 / a non-members to mean anything.
 MIN_NONMEMBERS_TIMES_FPR = 10.0
 # Online LiRA fits per-text "in" and "out" means; with fewer reference models than this on
@@ -19,7 +21,10 @@ UNIT_ADJACENCY = {
 }
 UNIT_LABEL = {"example": "note-level", "user": "patient-level"}
 
+# the rungs of the threat-model ladder (dpaudit.audit.ladder.RUNGS), as the report names them
+RUNG_LABEL = {"released": "released", "input_space": "input-space", "white_box": "white-box"}
+
 MODEL_KEYS = ("name", "error", "privacy", "dp", "utility", "train_checks", "attacks", "canary_attacks",
-              "audit", "extraction", "verdict", "multi_run", "warnings")
+              "audit", "rungs", "extraction", "verdict", "multi_run", "warnings")
 DP_KEYS = ("enabled", "noise_multiplier", "sample_rate", "steps", "max_grad_norm", "unit", "delta", "epsilon",
            "accountant", "expected_batch_size", "num_units", "trainer")

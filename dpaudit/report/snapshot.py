@@ -27,7 +27,9 @@ class ModelSnapshot:
     """One model's artifacts (``models/NAME/``). ``record`` is its
     :class:`~dpaudit.accounting.DpRecord` (None: its trainer wrote none); ``results`` maps an
     attack to ``{"params", "splits", "arrays"}``; ``lr_factors`` is the learning-rate schedule
-    of the toolkit's own loop (None for a plug-in trainer, whose schedule is unknown)."""
+    of the toolkit's own loop (None for a plug-in trainer, whose schedule is unknown);
+    ``ladder`` its threat-model ladder, a list of :class:`~dpaudit.audit.ladder.Rung` (None:
+    the ladder was not run for it)."""
 
     name: str
     exists: bool = True
@@ -39,6 +41,7 @@ class ModelSnapshot:
     extraction: dict | Unreadable | None = None
     multi_run: dict | Unreadable | None = None
     lr_factors: tuple[float, ...] | None = None
+    ladder: list | Unreadable | None = None
 
 
 @dataclass(frozen=True)

@@ -176,7 +176,7 @@ def attack_run(rundir: RunDir | str | Path, *, config: Config | None = None, dat
     if config.audit.ladder.enabled:
         from dpaudit.stages.ladder import ladder_run
 
-        ladder_run(rundir, config)
+        ladder_run(rundir, config, run=run)
     if config.audit.mode == "multi_run":
         from dpaudit.stages.multi_run import multi_run_model
 

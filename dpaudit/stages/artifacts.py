@@ -3,7 +3,8 @@
 :mod:`dpaudit.rundir` knows the layout and writes atomically; here the stages turn files into
 objects and back: the DP record (:class:`dpaudit.accounting.DpRecord`), a trainer's record
 (:class:`dpaudit.train.TrainingRecord`), the data split, the canaries
-(:class:`dpaudit.canaries.Canary`), the tokenizer, and the manifest. Every artifact has one
+(:class:`dpaudit.canaries.Canary`), the tokenizer, a model's threat-model ladder
+(:class:`dpaudit.audit.ladder.Rung`), and the manifest. Every artifact has one
 reader and one writer, and the writer's output read back is the object written (the codec
 round trip, tested over every artifact).
 """
@@ -21,6 +22,7 @@ from typing import Any
 
 from dpaudit.accounting import DpRecord
 from dpaudit.audit.gradient_canaries import GradientCanaryRecord
+from dpaudit.audit.ladder import Rung
 from dpaudit.errors import InputError
 from dpaudit.rundir import (
     DP_EVENT,
@@ -73,22 +75,31 @@ def write_training(directory: str | Path, record) -> None:
         write_dp_record(directory, record.dp)
 
 
-def write_ladder(model_dir: ModelDir, rungs) -> None:
-    """``models/NAME/ladder.json``: the model's rungs (:class:`dpaudit.audit.Rung`)."""
+# --------------------------------------------------------------------------- the threat-model ladder
+
+
+def write_ladder(model_dir: ModelDir, rungs: list[Rung]) -> None:
+    """A model's rungs (:class:`~dpaudit.audit.ladder.Rung`) into ``models/NAME/ladder.json``."""
     write_json_atomic(model_dir.ladder_path, {"schema_version": SCHEMA_VERSION, "rungs": [r.to_dict() for r in rungs]})
 
 
-def read_ladder(model_dir: ModelDir) -> list | None:
-    """The model's rungs, or None when no ladder was run for it."""
-    from dpaudit.audit.ladder import Rung
-
-    if not model_dir.ladder_path.is_file():
+def read_ladder(model_dir: ModelDir) -> list[Rung] | None:
+    """The model's rungs as written by :func:`write_ladder`, or None when it has no ladder.
+    A malformed file (or one with a rung twice) is an :class:`InputError`."""
+    path = model_dir.ladder_path
+    if not path.is_file():
         return None
-    data = read_json(model_dir.ladder_path)
+    data = read_json(path)
     try:
-        return [Rung.from_dict(r) for r in data["rungs"]]
-    except (KeyError, TypeError, ValueError, InputError) as err:
-        raise InputError(f"{model_dir.ladder_path}: not a ladder ({err})") from None
+        rungs = [Rung.from_dict(d) for d in data["rungs"]]
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
+        raise InputError(f"{path} is not a ladder ({type(err).__name__}: {err})") from None
+    except InputError as err:
+        raise InputError(f"{path}: {err}") from None
+    names = [r.rung for r in rungs]
+    if len(set(names)) != len(names):
+        raise InputError(f"{path}: a rung appears twice ({', '.join(names)})")
+    return rungs
 
 
 def read_gradient_canaries(model_dir: ModelDir | str | Path) -> GradientCanaryRecord | None:

@@ -26,7 +26,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -51,21 +53,23 @@ def rung_significance(config: Config) -> float:
     return config.audit.significance / (len(RUNGS) if config.audit.ladder.enabled else 1)
 
 
-def ladder_run(rundir: RunDir, config: Config) -> None:
-    """``models/NAME/ladder.json`` for every trained DP model that lacks one."""
+def ladder_run(rundir: RunDir, config: Config, *, run: Callable[..., Any]) -> None:
+    """``models/NAME/ladder.json`` for every trained DP model that lacks one. ``run`` is
+    :func:`dpaudit.stages.run`, which trains and attacks the twins (passed in: the run calls
+    this stage)."""
     if not config.audit.ladder.enabled:
         return
     records = {n: read_dp_record(rundir.model(n)) for n in config.model_names() if rundir.model(n).is_trained()}
     names = [n for n, r in records.items() if r is not None and r.private and read_ladder(rundir.model(n)) is None]
     if not names:
         return
-    twin = _train_twins(rundir, config, {n: records[n] for n in names})
+    twin = _train_twins(rundir, config, {n: records[n] for n in names}, run=run)
     twin_cfg = twin.read_config() if twin is not None else None
     for name in names:
         rungs = [released_rung(rundir, config, name, records[name]), *_twin_rungs(twin, twin_cfg, name)]
         write_ladder(rundir.model(name), rungs)
         log.info("ladder of %s: %s", name, ", ".join(
-            f"{r.rung} {r.epsilon:.2f} (ceiling {r.ceiling:.2f})" if r.bound is not None else f"{r.rung} refused"
+            f"{r.rung} {r.epsilon:.2f} (ideal {r.ideal:.2f})" if r.bound is not None else f"{r.rung} refused"
             for r in rungs))
 
 
@@ -79,7 +83,7 @@ def _twin_base(rundir: RunDir, config: Config) -> Path | None:
     from dpaudit.canaries import add_canary_tokens
     from dpaudit.data.tokenizer import load_tokenizer
     from dpaudit.models import load_model, save_model
-    from dpaudit.stages.validate import ISOLATED_CANARIES
+    from dpaudit.stages.isolated import ISOLATED_CANARIES
 
     out = rundir.root / TWIN_DIR / "base"
     if (out / "config.json").is_file():
@@ -103,7 +107,7 @@ def _twin_base(rundir: RunDir, config: Config) -> Path | None:
 def twin_config(config: Config, records: dict, *, base: Path, batch_sizes: dict[str, int]) -> Config:
     """The run of the twins: for each DP model, its own trainer and claim (epsilon at its
     delta, its unit) in the isolated design (the module docstring)."""
-    from dpaudit.stages.validate import ISOLATED_CANARIES, ISOLATED_TRAINABLE, LINEAR_TRAIN
+    from dpaudit.stages.isolated import ISOLATED_CANARIES, ISOLATED_TRAINABLE, LINEAR_TRAIN
 
     lad = config.audit.ladder
     raw = config.to_dict()
@@ -128,10 +132,9 @@ def twin_config(config: Config, records: dict, *, base: Path, batch_sizes: dict[
     return load_config(raw)
 
 
-def _train_twins(rundir: RunDir, config: Config, records: dict) -> RunDir | None:
+def _train_twins(rundir: RunDir, config: Config, records: dict, *, run: Callable[..., Any]) -> RunDir | None:
     """Train (or resume) the twins in ``RUN/ladder/``; None without a base model to start from."""
-    from dpaudit.stages import run
-    from dpaudit.stages.validate import full_batch_size
+    from dpaudit.stages.isolated import full_batch_size
 
     base = _twin_base(rundir, config)
     if base is None:
@@ -178,7 +181,7 @@ def canary_rung(rung: str, *, bound, attack: str | None, attacks: int, record, c
 
     regime = _regime(record) if record is not None else {}
     if bound is None:
-        return Rung(rung=rung, bound=None, attack=None, significance=None, ceiling=None, ceiling_range=None,
+        return Rung(rung=rung, bound=None, attack=None, significance=None, ideal=None, ideal_range=None,
                     num_canaries=num_canaries, regime=regime, cost_s=cost_s, refused=refused)
     ideal = None
     if record is not None and record.dpsgd_parameters is not None:
@@ -187,8 +190,8 @@ def canary_rung(rung: str, *, bound, attack: str | None, attacks: int, record, c
                              methods=("one_run", "claimed_curve"), trials=config.audit.ladder.trials,
                              seed=config.seed)
     return Rung(rung=rung, bound=bound, attack=attack, significance=rung_significance(config),
-                ceiling=None if ideal is None else float(np.median(ideal)),
-                ceiling_range=None if ideal is None else (min(ideal), max(ideal)), num_canaries=num_canaries,
+                ideal=None if ideal is None else float(np.median(ideal)),
+                ideal_range=None if ideal is None else (min(ideal), max(ideal)), num_canaries=num_canaries,
                 regime=regime, cost_s=cost_s)
 
 
@@ -211,7 +214,7 @@ def _twin_rungs(twin: RunDir | None, config: Config | None, name: str) -> list[R
     """The input-space and white-box rungs of model ``name``'s twin (``config``: the twins')."""
     if twin is None or not twin.model(name).is_trained():
         why = "no base model to start the isolated twin from" if twin is None else "the twin did not train"
-        return [Rung(rung=r, bound=None, attack=None, significance=None, ceiling=None, ceiling_range=None,
+        return [Rung(rung=r, bound=None, attack=None, significance=None, ideal=None, ideal_range=None,
                      num_canaries=0, regime={}, refused=why) for r in ("input_space", "white_box")]
     return [input_space_rung(twin, config, name), white_box_rung(twin, config, name)]
 
@@ -243,7 +246,7 @@ def white_box_rung(twin: RunDir, config: Config, name: str, *, delta: float | No
     m = 0 if canaries is None else int(canaries.included.size)
 
     def refused(why: str) -> Rung:
-        return Rung(rung="white_box", bound=None, attack=None, significance=None, ceiling=None, ceiling_range=None,
+        return Rung(rung="white_box", bound=None, attack=None, significance=None, ideal=None, ideal_range=None,
                     num_canaries=m, regime=regime, refused=why)
 
     if canaries is None or record is None:
@@ -267,7 +270,7 @@ def white_box_rung(twin: RunDir, config: Config, name: str, *, delta: float | No
     bound = rung_bound(cs, methods=("claimed_curve",), **common, delta=delta, significance=sig, strategy=strategy)
     ideal = ideal_bounds(**common, num_canaries=m, delta=delta, significance=sig, methods=("claimed_curve",),
                          strategy=strategy, trials=config.audit.ladder.trials, seed=config.seed + 1)
-    return Rung(rung="white_box", bound=bound, attack=None, significance=sig, ceiling=float(np.median(ideal)),
-                ceiling_range=(min(ideal), max(ideal)), num_canaries=m, regime=regime,
+    return Rung(rung="white_box", bound=bound, attack=None, significance=sig, ideal=float(np.median(ideal)),
+                ideal_range=(min(ideal), max(ideal)), num_canaries=m, regime=regime,
                 cost_s=round(time.perf_counter() - start, 3))
 

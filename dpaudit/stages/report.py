@@ -26,7 +26,7 @@ from dpaudit.errors import InputError
 from dpaudit.report.snapshot import ModelSnapshot, RunSnapshot, Unreadable
 from dpaudit.rundir import ModelDir, RunDir, write_text_atomic
 from dpaudit.version import __version__
-from dpaudit.stages.artifacts import read_dp_record
+from dpaudit.stages.artifacts import read_dp_record, read_ladder
 
 __all__ = ["build_report", "read_snapshot"]
 
@@ -53,7 +53,7 @@ def _model_snapshot(md: ModelDir, config) -> ModelSnapshot:
         name=md.name, exists=md.root.is_dir(), error=_read(md.read_error), record=record,
         log=_read(md.read_train_log), checks=_read(md.read_train_checks),
         results=_read(md.read_results) if md.results_dir.is_dir() else {}, extraction=_read(md.read_extraction),
-        multi_run=_read(md.read_multi_run), lr_factors=lr_factors)
+        multi_run=_read(md.read_multi_run), lr_factors=lr_factors, ladder=_read(read_ladder, md))
 
 
 def read_snapshot(rundir: RunDir) -> RunSnapshot:

@@ -16,9 +16,11 @@ import numpy as np
 import pytest
 
 from dpaudit.accounting import event_to_dict, make_event
+from dpaudit.audit import CanaryScores
+from dpaudit.audit.ladder import RUNGS, Rung
 from dpaudit.errors import InputError
 from dpaudit.report import SCHEMA_VERSION, build_report
-from dpaudit.stages.artifacts import write_manifest
+from dpaudit.stages.artifacts import write_ladder, write_manifest
 from dpaudit.stages.report import read_snapshot
 from dpaudit.report.data import DP_KEYS, MODEL_KEYS
 from dpaudit.rundir import RunDir, write_json_atomic, write_jsonl_atomic
@@ -86,7 +88,23 @@ def _canary_file(run):
     return canaries
 
 
-def make_run(root, *overrides):
+def rung(name, *, shift=2.0, ideal=2.0, refused=None, m=60, seed=0):
+    """A rung whose bound is a real one-run bound of m canaries, the members' scores shifted
+    by ``shift`` (m = 60 at delta 1e-3: 2.0 gives about 0.4, 8.0 about 1.6, above dp4's 1.26);
+    a refused one has no bound."""
+    if refused is not None:
+        return Rung(rung=name, bound=None, attack=None, significance=None, ideal=ideal, ideal_range=None,
+                    num_canaries=m, regime={}, refused=refused)
+    rng = np.random.default_rng(seed)
+    scores = CanaryScores(in_scores=rng.normal(shift, 1, m // 2), out_scores=rng.normal(0, 1, m // 2), seed=0)
+    bound = scores.bound("one_run", delta=DELTA, significance=0.05)  # one of two tests: the rung holds at 0.1
+    return Rung(rung=name, bound=bound, attack="loss", significance=0.1, ideal=ideal,
+                ideal_range=(0.9 * ideal, 1.1 * ideal), num_canaries=m,
+                regime={"noise_multiplier": 1.0, "sample_rate": 0.08, "steps": 10}, cost_s=2.5)
+
+
+def make_run(root, *overrides, ladders=None):
+    """A run of four models; ``ladders`` maps a model to the rungs written as its ladder.json."""
     from dpaudit.config import load_config
 
     run = RunDir(root / "run")
@@ -116,6 +134,8 @@ def make_run(root, *overrides):
     broken = run.model("broken")
     broken.root.mkdir(parents=True)
     broken.write_error(stage="train", error=RuntimeError("CUDA out of memory <b>boom</b>"))
+    for name, rungs in (ladders or {}).items():
+        write_ladder(run.model(name), rungs)
     return run
 
 
@@ -266,8 +286,9 @@ def test_html_is_self_contained_and_escaped(built):
     assert TEXT_MARKER not in (run.tables_dir / "extraction.csv").read_text()
     for img in re.findall(r"<img [^>]*>", html):
         assert 'src="data:image/png;base64,' in img
-    # sections in the required order; warnings before the compliance plot
-    order = [html.index(f'id="{s}"') for s in ("summary", "warnings", "compliance", "verdicts", "utility",
+    # sections in the required order: the ladder (with the compliance figure) leads, then the summary
+    # and the warnings
+    order = [html.index(f'id="{s}"') for s in ("ladder", "summary", "warnings", "verdicts", "utility",
                                                 "membership", "extraction", "units", "checklist", "roc",
                                                 "estimates")]
     assert order == sorted(order)
@@ -367,3 +388,180 @@ def test_repeated_canaries_at_note_level_are_held_to_the_group_epsilon(tmp_path,
     assert (m["verdict"]["status"] == "violated") == (repetitions == 1)
     if repetitions == 4:
         assert m["dp"]["group_epsilon"] == pytest.approx(group)
+
+
+# --------------------------------------------------------------------------- the threat-model ladder
+
+
+def _claim_of_dp4():
+    from dpaudit.accounting import epsilon
+
+    return epsilon(noise_multiplier=1.0, sample_rate=0.08, steps=10, delta=DELTA)
+
+
+def _assembled(tmp_path, ladders):
+    from dpaudit.report.data import assemble
+
+    return assemble(read_snapshot(make_run(tmp_path, ladders=ladders))).report
+
+
+def test_rungs_are_in_report_json_in_ladder_order(tmp_path):
+    written = [rung("white_box", shift=2.0), rung("released"), rung("input_space", refused="no twin")]
+    report = _assembled(tmp_path, {"dp4": written})
+    rungs = _model(report, "dp4")["rungs"]
+    assert [r["rung"] for r in rungs] == list(RUNGS) == ["released", "input_space", "white_box"]
+    released = rungs[0]
+    assert released == {**written[1].to_dict(), "ceiling": pytest.approx(released["ceiling"])}
+    assert released["ceiling"] > released["epsilon"]
+    assert released["method"] == "one_run" and released["epsilon"] == written[1].epsilon
+    assert released["confidence"] == pytest.approx(0.9) and released["num_canaries"] == 60
+    assert released["ideal_range"] == [1.8, 2.2] and released["cost_s"] == 2.5
+    assert released["regime"]["steps"] == 10 and released["refused"] is None
+    assert rungs[1]["epsilon"] is None and rungs[1]["refused"] == "no twin"
+    for name in ("nonprivate", "dp4-patient", "broken"):  # no ladder: an empty list
+        assert _model(report, name)["rungs"] == []
+
+
+def test_only_the_white_box_rung_exceeding_the_claim_is_a_violation(tmp_path):
+    claim = _claim_of_dp4()
+    white = rung("white_box", shift=8.0, ideal=3.0)
+    assert white.epsilon > claim > 0.5  # the canary bounds (0.5, 0.2) and the other rungs stay below the claim
+    report = _assembled(tmp_path, {"dp4": [rung("released"), rung("input_space", shift=2.0), white]})
+    m = _model(report, "dp4")
+    assert all(r["epsilon"] < claim for r in m["rungs"][:2])
+    assert m["verdict"]["status"] == "violated"
+    assert m["verdict"]["attack"] == "white_box" and m["verdict"]["epsilon_lower_bound"] == white.epsilon
+    # the union bound: two canary tests at 0.025 each, then input-space and white-box at 0.1 each
+    # (each rung at its own significance, not its best test's); the released rung's bound is the canaries'
+    assert m["verdict"]["significance"] == pytest.approx(0.05 + 0.1 + 0.1)
+    without = _model(_assembled(tmp_path / "without", {}), "dp4")
+    assert without["verdict"]["status"] != "violated"
+
+
+def test_inconclusive_or_consistent_follows_the_largest_rung_ceiling(tmp_path):
+    claim = _claim_of_dp4()
+    # the ceiling is every guess right on the rung's own m canaries, never its ideal
+    low = [rung("released", ideal=0.6), rung("input_space", ideal=0.9, m=12), rung("white_box", ideal=3.0, m=16)]
+    m = _model(_assembled(tmp_path / "low", {"dp4": low}), "dp4")
+    assert m["verdict"]["status"] == "inconclusive"
+    assert m["verdict"]["ceiling"] == m["audit"]["ceiling"] == m["rungs"][2]["ceiling"] < claim
+    assert m["rungs"][1]["ceiling"] < m["rungs"][2]["ceiling"] and m["rungs"][2]["ideal"] == 3.0
+    assert "strongest rung" in m["verdict"]["reason"]
+    high = [*low[:2], rung("white_box", ideal=1.1, m=60)]
+    m = _model(_assembled(tmp_path / "high", {"dp4": high}), "dp4")
+    assert m["verdict"]["status"] == "consistent"
+    assert m["verdict"]["ceiling"] == m["audit"]["ceiling"] == m["rungs"][2]["ceiling"] > claim
+
+
+def test_a_refused_rung_does_not_enter_the_verdict(tmp_path):
+    refused = rung("white_box", refused="canary <b>included</b> more often than the sampler's rate & so unsound",
+                   ideal=50.0)
+    ladder = [rung("released", ideal=0.6), rung("input_space", ideal=0.9, m=12), refused]
+    run = make_run(tmp_path, ladders={"dp4": ladder})
+    report = build_report(run.root)
+    m = _model(report, "dp4")
+    assert m["rungs"][2]["refused"].startswith("canary <b>included</b>") and m["rungs"][2]["epsilon"] is None
+    assert m["verdict"]["status"] == "inconclusive" and m["verdict"]["ceiling"] == m["rungs"][1]["ceiling"] < 1
+    assert m["rungs"][2]["ceiling"] is None
+    assert m["verdict"]["significance"] == pytest.approx(0.05 + 0.1)  # the canaries and input-space only
+    assert "run the white-box rung" in m["verdict"]["reason"]
+    assert "compliance" in report["figures"]
+    html = run.report_html.read_text()
+    verdicts = html.split('id="verdicts"')[1].split("</section>")[0]
+    assert "canary &lt;b&gt;included&lt;/b&gt; more often than the sampler&#39;s rate &amp; so unsound" in verdicts
+    assert "<b>included</b>" not in html
+
+
+def test_an_unreadable_ladder_is_said_and_left_out(tmp_path):
+    run = make_run(tmp_path)
+    run.model("dp4").ladder_path.write_text('{"schema_version": 1, "rungs": [{"rung": "telepathy"}]}')
+    from dpaudit.report.data import assemble
+
+    report = assemble(read_snapshot(run)).report
+    assert _model(report, "dp4")["rungs"] == []
+    assert any(w.startswith("dp4: ladder.json unreadable") for w in report["warnings"])
+
+
+def test_the_compliance_figure_is_the_ladder(tmp_path):
+    from dpaudit.report.figures import compliance
+
+    ladders = {"dp4": [rung("released"), rung("input_space", refused="no twin"), rung("white_box", shift=8.0)],
+               "dp4-patient": [rung("released", seed=1), rung("input_space", refused="no twin"),
+                               rung("white_box", seed=2)]}
+    fig = compliance(_assembled(tmp_path, ladders))
+    (ax,) = fig.axes
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert "released: the released model, black-box (90%)" in labels
+    assert "white-box: gradient canaries, all iterates (90%)" in labels
+    assert not any(label.startswith("input-space") for label in labels)  # refused everywhere: not drawn
+    assert any("y = x" in label for label in labels) and any("violated" in label for label in labels)
+    (top,) = ax.child_axes
+    assert [t.get_text() for t in top.get_xticklabels()] == ["dp4", "dp4-patient (patient-level)", "nonprivate"]
+    white = sorted(x for line in ax.lines if line.get_marker() == "D" for x in line.get_xdata())
+    assert len(white) == 2 and white[1] > 1.15 * white[0]  # the patient-level model apart from the note-level one
+
+
+def test_the_claim_line_is_flat_at_each_models_claim_across_its_rungs():
+    from dpaudit.report.figures import _claim_line
+
+    # 4 (note level) and 4 (patient level, nudged right): one step; a group's claim 9 at epsilon 8
+    xs, ys = _claim_line(0.5, 16.0, [(3.6, 4.5, 4.0), (4.8, 5.9, 4.0), (7.5, 8.5, 9.0)])
+    assert xs == [0.5, 3.6, 3.6, 5.9, 5.9, 7.5, 7.5, 8.5, 8.5, 16.0]
+    assert ys == [0.5, 3.6, 4.0, 4.0, 5.9, 7.5, 9.0, 9.0, 8.5, 16.0]
+
+
+def test_the_page_leads_with_one_sentence_per_model(tmp_path):
+    claim = _claim_of_dp4()
+    ladders = {"dp4": [rung("released", ideal=0.6), rung("white_box", shift=8.0, ideal=3.0)],
+               "dp4-patient": [rung("released", ideal=0.6, seed=1), rung("white_box", ideal=1.1, seed=2)]}
+    run = make_run(tmp_path, ladders=ladders)
+    report = build_report(run.root)
+    html = run.report_html.read_text()
+    ladder = html.split('id="ladder"')[1].split("</section>")[0]
+    assert html.index('id="ladder"') < html.index('id="summary"')
+    white = ladders["dp4"][1].epsilon
+    assert f"dp4: white-box ε ≥ {white:.2f}, above the claimed ε {claim:.3g}" in ladder
+    patient = ladders["dp4-patient"][1].epsilon
+    ceiling = _model(report, "dp4-patient")["rungs"][1]["ceiling"]
+    assert ceiling > claim
+    assert (f"dp4-patient: white-box {patient:.2f} of a ceiling {ceiling:.2f} at ε {claim:.3g}: the audit could see "
+            "a violation, and none was found.") in ladder
+    assert "broken: failed (train: CUDA out of memory &lt;b&gt;boom&lt;/b&gt;)" in ladder
+    assert 'alt="threat-model ladder' in ladder
+    verdicts = html.split('id="verdicts"')[1].split("</section>")[0]
+    assert f"{patient:.2f} / 1.10" in verdicts and "input-space" not in verdicts  # a rung no model ran: no column
+
+
+# --------------------------------------------------------------------------- TPRs withheld for every attack
+
+
+def test_tprs_withheld_for_every_attack_have_no_panel_and_no_column(built):
+    import copy
+
+    from dpaudit.report.figures import membership
+    from dpaudit.report.html import render
+
+    _, report, html = built
+    # 150 held-out members and 20 excluded canaries: TPR at 1% and 0.1% FPR withheld for every attack
+    titles = [ax.get_title() for ax in membership(report).axes]
+    assert titles == ["AUC: members vs. held-out", "AUC: canaries"]
+    part = html.split('id="membership"')[1].split("</section>")[0]
+    assert ("Members vs. held-out: TPR at 1% and 0.1% FPR are left out, not enough non-members: they need about "
+            "1,000 and 10,000 non-members; this run has 150.") in part
+    assert "this run has 20." in part
+    assert "n/e" not in part and "TPR at 1% / 0.1% FPR" not in part
+    assert not any("members: TPR" in w for w in report["warnings"])  # said once, where the panels would be
+
+    # 2,000 held out and a TPR at 1% FPR for one attack: that panel and column stay, 0.1% goes
+    report = copy.deepcopy(report)
+    for m in report["models"]:
+        for name, a in m["attacks"].items():
+            a["num_out"] = 2000
+            a["tpr_at_fpr"]["0.01"] = 0.05 if name == "loss" else None
+    titles = [ax.get_title() for ax in membership(report).axes]
+    assert titles == ["AUC: members vs. held-out", "TPR at 1% FPR: members vs. held-out", "AUC: canaries"]
+    part = render(report, {}).split('id="membership"')[1].split("</section>")[0]
+    assert ("Members vs. held-out: TPR at 0.1% FPR is left out, not enough non-members: it needs about 10,000 "
+            "non-members; this run has 2,000.") in part
+    assert "Members vs. held-out: AUC [95% CI]; TPR at 1% FPR</h3>" in part
+    assert "0.050" in part and "n/e" in part  # zlib's withheld TPR at 1% beside loss's
