@@ -38,6 +38,7 @@ from dpaudit.audit.selection import select_guesses
 from dpaudit.audit.strategy import DEFAULT_STRATEGY
 from dpaudit.audit.tradeoff import (
     CURVE_DISCRETIZATION,
+    GaussianCurve,
     TradeOffCurve,
     _as_blow_up_inverse,
     _dpsgd_curve,
@@ -289,7 +290,9 @@ def _epsilon_equivalent(found: _Search, claim_eps: float, *, sigma, q, steps, de
     return eps, sigma_eq
 
 
-def _curve_epsilon(curve: TradeOffCurve, delta: float) -> float:
+def _curve_epsilon(curve, delta: float) -> float:
     """Smallest grid eps with delta(eps) <= delta (inf if none): a cheap stop for the descent."""
+    if isinstance(curve, GaussianCurve):
+        return curve.epsilon(delta)
     ok = curve.deltas <= delta
     return float(curve.epsilons[np.argmax(ok)]) if ok.any() else math.inf

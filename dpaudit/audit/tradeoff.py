@@ -9,6 +9,7 @@ Chaudhuri 2025 (arXiv 2410.22235) can test guesses against
 (:mod:`dpaudit.audit.claimed_curve`).
 
 * :class:`TradeOffCurve` -- the upper envelope of finitely many (eps_i, delta_i) curves.
+* :class:`GaussianCurve` -- the exact curve G_mu, that of full-batch DP-SGD.
 * :func:`tradeoff_curve_from_profile` -- the curve of any finite privacy profile.
 * :func:`claimed_tradeoff_curve` -- the curve of a DpEvent from ``dp_accounting``'s PLD
   (pessimistic estimate, add-or-remove adjacency).
@@ -21,6 +22,8 @@ from __future__ import annotations
 
 import bisect
 import functools
+import math
+import statistics
 from collections.abc import Callable
 from numbers import Real
 
@@ -28,7 +31,7 @@ import numpy as np
 
 from dpaudit.errors import InputError
 
-__all__ = ["CURVE_DISCRETIZATION", "TradeOffCurve", "claimed_tradeoff_curve", "tradeoff_curve_from_profile"]
+__all__ = ["CURVE_DISCRETIZATION", "GaussianCurve", "TradeOffCurve", "claimed_tradeoff_curve", "tradeoff_curve_from_profile"]
 
 #: PLD value discretisation used for the curves (coarser than the accountant's 1e-4
 #: default: about 8x faster, and the curve moves by less than 1e-6; still pessimistic).
@@ -54,6 +57,9 @@ _COARSE_EPS_GRID = np.array([0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.
 _DELTA_SLACK = 1e-14
 # e^eps overflows past ~709 (here and inside dp_accounting): the grid stops at 700.
 _MAX_STEEP_EPS = 700.0
+# Taken off every value of the exact Gaussian curve (float error of Phi is ~1e-16).
+_GAUSSIAN_SLACK = 1e-12
+_NORMAL = statistics.NormalDist()
 
 # ------------------------------------------------------------------------ the curve
 class TradeOffCurve:
@@ -253,17 +259,73 @@ def _profile(accountant, grid: np.ndarray) -> np.ndarray:
     return np.where(np.isfinite(deltas), np.minimum(np.maximum(deltas, 0.0) + _DELTA_SLACK, 1.0), 1.0)
 
 
+class GaussianCurve:
+    """G_mu(x) = Phi(Phi^-1(1 - x) - mu), the trade-off curve of the Gaussian mechanism with
+    sensitivity 1 and noise 1 / mu (Dong, Roth, Su 2019, arXiv 1905.02383, Def. 2.7), minus
+    :data:`_GAUSSIAN_SLACK` so that floating point cannot lift it above the true curve.
+
+    T full-batch steps (q = 1) of DP-SGD at noise multiplier sigma are exactly this curve with
+    mu = sqrt(T) / sigma (the composition of Gaussians, their Cor. 3.3): no PLD is needed, and
+    no discretisation stands between the test and the claim."""
+
+    def __init__(self, mu: float):
+        if not math.isfinite(mu) or mu <= 0.0:
+            raise InputError(f"mu must be finite and > 0, got {mu!r}")
+        self.mu = float(mu)
+
+    def _blow_up_inverse_scalar(self, y: float) -> float:
+        """B^-1(y) = f(1 - y) = Phi(Phi^-1(y) - mu)."""
+        if y <= 0.0:
+            return 0.0
+        if y >= 1.0:
+            return 1.0
+        return max(_NORMAL.cdf(_NORMAL.inv_cdf(y) - self.mu) - _GAUSSIAN_SLACK, 0.0)
+
+    def blow_up_inverse(self, y):
+        from scipy.stats import norm
+
+        y = np.clip(np.asarray(y, dtype=float), 0.0, 1.0)
+        with np.errstate(divide="ignore"):
+            out = np.where(y >= 1.0, 1.0, np.maximum(norm.cdf(norm.ppf(y) - self.mu) - _GAUSSIAN_SLACK, 0.0))
+        return float(out) if out.ndim == 0 else out
+
+    def __call__(self, x):
+        return self.blow_up_inverse(1.0 - np.asarray(x, dtype=float))
+
+    def delta(self, epsilon: float) -> float:
+        """delta(eps) = Phi(-eps / mu + mu / 2) - e^eps Phi(-eps / mu - mu / 2) (their Cor. 2.13)."""
+        mu = self.mu
+        return _NORMAL.cdf(-epsilon / mu + mu / 2) - math.exp(epsilon) * _NORMAL.cdf(-epsilon / mu - mu / 2)
+
+    def epsilon(self, delta: float) -> float:
+        """The smallest eps with delta(eps) <= ``delta`` (bisection; delta(eps) falls with eps)."""
+        lo, hi = 0.0, 1.0
+        while self.delta(hi) > delta:
+            lo, hi = hi, 2.0 * hi
+            if hi > 1e4:
+                return math.inf
+        for _ in range(60):
+            mid = 0.5 * (lo + hi)
+            lo, hi = (mid, hi) if self.delta(mid) > delta else (lo, mid)
+        return hi
+
+    def __repr__(self) -> str:
+        return f"GaussianCurve(mu={self.mu:.6g})"
+
+
 @functools.lru_cache(maxsize=64)
-def _dpsgd_curve(noise_multiplier: float, sample_rate: float, steps: int, vdi: float) -> TradeOffCurve:
+def _dpsgd_curve(noise_multiplier: float, sample_rate: float, steps: int, vdi: float) -> TradeOffCurve | GaussianCurve:
+    """The curve of T steps of DP-SGD at (sigma, q): exact at q = 1, else the PLD's."""
     from dpaudit import accounting
 
+    if sample_rate == 1.0:
+        return GaussianCurve(math.sqrt(steps) / noise_multiplier)
     event = accounting.make_event(noise_multiplier=noise_multiplier, sample_rate=sample_rate, steps=steps)
     return claimed_tradeoff_curve(event, value_discretization_interval=vdi)
 
 
-
 def _as_blow_up_inverse(curve) -> Callable[[float], float]:
-    if isinstance(curve, TradeOffCurve):
+    if isinstance(curve, TradeOffCurve | GaussianCurve):
         return curve._blow_up_inverse_scalar
     if callable(curve):
         f = curve

@@ -1,0 +1,148 @@
+"""The ladder's simulations (dpaudit.audit.ladder): the ideal scores against a naive loop over
+steps, and the white-box rung's test (one pre-registered guess fraction, the DP-SGD family
+test) on mechanisms whose epsilon is known: the claimed noise is rarely rejected, half of it
+is a violation."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from dpaudit.accounting import epsilon, noise_multiplier
+from dpaudit.audit import BonferroniStrategy, CanaryScores
+from dpaudit.audit.ladder import (
+    GUESS_FRACTIONS,
+    RUNGS,
+    Rung,
+    choose_guess_fraction,
+    ideal_bounds,
+    ideal_scores,
+    rung_bound,
+)
+from dpaudit.errors import InputError
+
+DELTA = 1e-5
+
+
+def _naive_scores(rng, member, sigma, q, steps):
+    """Step by step: a member is sampled with probability q and adds its clipped gradient (1);
+    every step adds N(0, sigma^2) to each canary's coordinate."""
+    total = np.zeros(member.size)
+    for _ in range(steps):
+        total += (rng.random(member.size) < q) * member
+        total += rng.normal(0.0, sigma, member.size)
+    return total
+
+
+@pytest.mark.parametrize("q, steps", [(1.0, 3), (0.1, 20)])
+def test_ideal_scores_follow_the_step_by_step_mechanism(q, steps):
+    member = np.arange(40_000) % 2 == 0
+    fast = ideal_scores(np.random.default_rng(0), member=member, noise_multiplier=0.8, sample_rate=q, steps=steps)
+    slow = _naive_scores(np.random.default_rng(1), member, 0.8, q, steps)
+    for side in (member, ~member):
+        assert stats.ks_2samp(fast[side], slow[side]).pvalue > 1e-3
+    assert fast[member].mean() == pytest.approx(q * steps, abs=5 * math.sqrt(steps) * 0.8 / 140)
+    assert fast[~member].std() == pytest.approx(math.sqrt(steps) * 0.8, rel=0.03)
+
+
+def _white_box_bounds(*, true_sigma, claimed_sigma, q, steps, m, trials, seed):
+    """The white-box rung's test as the ladder runs it: the guess fraction pre-registered on
+    the claim, then the family test on scores of the true mechanism."""
+    sig = 0.05
+    g = choose_guess_fraction(noise_multiplier=claimed_sigma, sample_rate=q, steps=steps, num_canaries=m,
+                              delta=DELTA, significance=sig, seed=seed)
+    rng = np.random.default_rng(seed + 1)
+    out = []
+    for t in range(trials):
+        member = rng.random(m) < 0.5
+        s = ideal_scores(rng, member=member, noise_multiplier=true_sigma, sample_rate=q, steps=steps)
+        scores = CanaryScores(in_scores=s[member], out_scores=s[~member], seed=t)
+        out.append(rung_bound(scores, methods=("claimed_curve",), noise_multiplier=claimed_sigma, sample_rate=q,
+                              steps=steps, delta=DELTA, significance=sig,
+                              strategy=BonferroniStrategy(grid=(g,))).epsilon)
+    return out
+
+
+def test_white_box_rung_at_the_claimed_noise_is_rarely_above_the_claim():
+    # the twin's regime (q = 1, T = 3) at epsilon 4: 40 draws; at significance 0.05 the claim
+    # may be exceeded by chance in about 2 of them, 7 or more would have probability < 0.5%
+    q, steps = 1.0, 3
+    sigma = noise_multiplier(target_epsilon=4.0, sample_rate=q, steps=steps, delta=DELTA)
+    claim = epsilon(noise_multiplier=sigma, sample_rate=q, steps=steps, delta=DELTA)
+    bounds = _white_box_bounds(true_sigma=sigma, claimed_sigma=sigma, q=q, steps=steps, m=20_000, trials=40, seed=0)
+    assert sum(b > claim for b in bounds) <= 6
+    assert np.median(bounds) > 0.5 * claim  # and the test has power: near the ideal, not at 0
+
+
+def test_white_box_rung_with_half_the_noise_is_a_violation():
+    q, steps = 1.0, 3
+    sigma = noise_multiplier(target_epsilon=4.0, sample_rate=q, steps=steps, delta=DELTA)
+    claim = epsilon(noise_multiplier=sigma, sample_rate=q, steps=steps, delta=DELTA)
+    bounds = _white_box_bounds(true_sigma=sigma / 2, claimed_sigma=sigma, q=q, steps=steps, m=20_000, trials=5,
+                               seed=0)
+    assert all(b > claim for b in bounds)
+
+
+def test_white_box_rung_at_a_subsampled_q_is_sound():
+    # a run's own q < 1 (the released model's regime): the claimed noise stays below the claim
+    q, steps = 0.1, 20
+    sigma = noise_multiplier(target_epsilon=4.0, sample_rate=q, steps=steps, delta=DELTA)
+    claim = epsilon(noise_multiplier=sigma, sample_rate=q, steps=steps, delta=DELTA)
+    bounds = _white_box_bounds(true_sigma=sigma, claimed_sigma=sigma, q=q, steps=steps, m=20_000, trials=8, seed=3)
+    assert sum(b > claim for b in bounds) <= 2  # P(>= 3 of 8 at 0.05) < 0.6%
+    assert max(bounds) > 0
+
+
+def test_the_guess_fraction_depends_on_the_claim_alone():
+    kw = dict(noise_multiplier=1.0, sample_rate=1.0, steps=3, num_canaries=10_000, delta=DELTA, significance=0.05)
+    g = choose_guess_fraction(**kw, seed=7)
+    assert g in GUESS_FRACTIONS and choose_guess_fraction(**kw, seed=7) == g
+    with pytest.raises(InputError, match="too few"):
+        choose_guess_fraction(**{**kw, "num_canaries": 3})
+
+
+def test_ideal_bounds_are_seeded_and_need_a_trial():
+    kw = dict(noise_multiplier=1.0, sample_rate=1.0, steps=3, num_canaries=2_000, delta=DELTA, significance=0.05,
+              methods=("one_run", "claimed_curve"))
+    assert ideal_bounds(**kw, trials=2, seed=1) == ideal_bounds(**kw, trials=2, seed=1)
+    with pytest.raises(InputError, match="trials"):
+        ideal_bounds(**kw, trials=0)
+
+
+def test_rung_bound_shares_the_significance_among_its_methods():
+    rng = np.random.default_rng(0)
+    scores = CanaryScores(in_scores=rng.normal(3, 1, 500), out_scores=rng.normal(0, 1, 500), seed=0)
+    kw = dict(noise_multiplier=1.0, sample_rate=1.0, steps=1, delta=DELTA, significance=0.1)
+    both = rung_bound(scores, methods=("one_run", "claimed_curve"), **kw)
+    assert both.significance == pytest.approx(0.05)
+    alone = rung_bound(scores, methods=("claimed_curve",), **kw)
+    half = rung_bound(scores, methods=("claimed_curve",), **{**kw, "significance": 0.05})
+    assert alone.significance == pytest.approx(0.1) and alone.epsilon >= half.epsilon > 0
+
+
+def test_rung_names_are_checked():
+    with pytest.raises(InputError, match="rung must be one of"):
+        Rung(rung="telepathy", bound=None, attack=None, significance=None, ideal=None, ideal_range=None,
+             num_canaries=0, regime={})
+    assert list(RUNGS) == ["released", "input_space", "white_box"]
+
+
+def test_the_exact_gaussian_curve_of_full_batch_dp_sgd():
+    # T steps at q = 1 are G_mu with mu = sqrt(T) / sigma: the exact curve lies on or above the
+    # PLD's pessimistic one, within its discretisation, and gives the accountant's epsilon
+    from dpaudit.accounting import make_event
+    from dpaudit.audit.tradeoff import GaussianCurve, _dpsgd_curve, claimed_tradeoff_curve
+
+    sigma, steps = 3.4, 3
+    exact = _dpsgd_curve(sigma, 1.0, steps, 1e-3)
+    assert isinstance(exact, GaussianCurve) and exact.mu == pytest.approx(math.sqrt(steps) / sigma)
+    pld = claimed_tradeoff_curve(make_event(noise_multiplier=sigma, sample_rate=1.0, steps=steps))
+    y = np.linspace(0.0, 1.0, 20_001)
+    gap = exact.blow_up_inverse(y) - pld.blow_up_inverse(y)
+    assert gap.min() >= 0.0 and gap.max() < 1e-5
+    assert all(exact._blow_up_inverse_scalar(v) == pytest.approx(exact.blow_up_inverse(v), abs=1e-14) for v in y[::500])
+    assert exact.epsilon(DELTA) == pytest.approx(epsilon(noise_multiplier=sigma, sample_rate=1.0, steps=steps,
+                                                         delta=DELTA), rel=1e-4)
