@@ -205,7 +205,7 @@ class LadderConfig:
     enabled: bool = False
     input_space_canaries: int = 2048
     gradient_canaries: int = 1_000_000
-    twin_patients: int = 40
+    twin_patients: int = 10
     trials: int = 5
 
 

@@ -25,7 +25,8 @@ not the verdict's ceiling (:func:`dpaudit.audit.ceilings`, every guess right), w
 whether a violation could have been seen at all.
 
 The white-box rung tests one pre-registered number of guesses: the guess fraction whose
-ideal bound is the largest (:func:`choose_guess_fraction`), chosen by simulating the claimed
+ideal bound is the largest among those that could exceed the claim
+(:func:`choose_guess_fraction`), chosen by simulating the claimed
 mechanism alone, never the observed scores, so the test needs no correction for the choice.
 """
 
@@ -156,18 +157,27 @@ def choose_guess_fraction(*, noise_multiplier: float, sample_rate: float, steps:
                           delta: float, significance: float, grid: Sequence[float] = GUESS_FRACTIONS,
                           seed: int = 0) -> float:
     """The guess fraction of ``grid`` whose claimed-curve bound is the largest on one draw of
-    the ideal scores of the claim (sigma, q, T) with m canaries. The choice depends on the
-    claim alone, never on observed scores, so a test at it needs no correction for it."""
-    best: tuple[float, float] | None = None
+    the ideal scores of the claim (sigma, q, T) with m canaries, among the fractions whose
+    ceiling (every guess right) is above the claim's epsilon: a test that could not exceed
+    the claim could never show a violation. When no fraction can, the one of the largest
+    bound (the claim is then untestable with m canaries, and the verdict says so). The
+    choice depends on the claim alone, never on observed scores, so a test at it needs no
+    correction for it."""
+    from dpaudit.accounting import epsilon
+    from dpaudit.audit.ceilings import claimed_curve_ceiling
+
+    family = dict(noise_multiplier=noise_multiplier, sample_rate=sample_rate, steps=steps)
+    claim = epsilon(**family, delta=delta)
+    found: list[tuple[bool, float, float]] = []
     for g in grid:
         if max(1, round(g * num_canaries)) < 2:
             continue
-        (value,) = ideal_bounds(noise_multiplier=noise_multiplier, sample_rate=sample_rate, steps=steps,
-                                num_canaries=num_canaries, delta=delta, significance=significance,
-                                methods=("claimed_curve",), strategy=BonferroniStrategy(grid=(g,)), trials=1,
-                                seed=seed)
-        if best is None or value > best[0]:
-            best = (value, g)
-    if best is None:
+        strategy = BonferroniStrategy(grid=(g,))
+        (value,) = ideal_bounds(**family, num_canaries=num_canaries, delta=delta, significance=significance,
+                                methods=("claimed_curve",), strategy=strategy, trials=1, seed=seed)
+        ceiling = claimed_curve_ceiling(**family, num_canaries=num_canaries, delta=delta, significance=significance,
+                                        strategy=strategy)
+        found.append((ceiling > claim, value, g))
+    if not found:
         raise InputError(f"{num_canaries} canaries are too few for a white-box rung")
-    return best[1]
+    return max(found)[2]

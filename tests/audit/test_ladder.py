@@ -104,6 +104,27 @@ def test_the_guess_fraction_depends_on_the_claim_alone():
         choose_guess_fraction(**{**kw, "num_canaries": 3})
 
 
+def test_the_guess_fraction_is_one_that_could_exceed_the_claim():
+    # epsilon 6 with 10^4 canaries: 1% of guesses gives the largest ideal bound, but even with
+    # every guess right it cannot exceed 6 (all its guesses right: 4.3); the rule takes the best
+    # fraction whose ceiling is above the claim
+    from dpaudit.audit.ceilings import claimed_curve_ceiling
+
+    q, steps, m = 1.0, 3, 10_000
+    sigma = noise_multiplier(target_epsilon=6.0, sample_rate=q, steps=steps, delta=DELTA)
+    kw = dict(noise_multiplier=sigma, sample_rate=q, steps=steps, num_canaries=m, delta=DELTA, significance=0.05)
+
+    def ceiling(g):
+        return claimed_curve_ceiling(**kw, strategy=BonferroniStrategy(grid=(g,)))
+
+    def ideal(g):
+        return ideal_bounds(**kw, methods=("claimed_curve",), strategy=BonferroniStrategy(grid=(g,)), trials=1)[0]
+
+    g = choose_guess_fraction(**kw)
+    assert ceiling(g) > 6.0 > ceiling(0.01) and ideal(0.01) > ideal(g)
+    assert all(ideal(g) >= ideal(h) for h in GUESS_FRACTIONS if h * m >= 2 and ceiling(h) > 6.0)
+
+
 def test_ideal_bounds_are_seeded_and_need_a_trial():
     kw = dict(noise_multiplier=1.0, sample_rate=1.0, steps=3, num_canaries=2_000, delta=DELTA, significance=0.05,
               methods=("one_run", "claimed_curve"))
