@@ -15,7 +15,8 @@ from dpaudit.cli import main
 
 ATTACKS = {"loss", "zlib", "min_k", "min_k_pp", "reference", "lira_online", "lira_offline", "rmia"}
 MODELS = ["nonprivate", "dp-eps2", "dp-eps8"]
-SETS = ["fleet.num_models=4", "data.holdout_fraction=0.75", "canaries.repetitions=2"]
+SETS = ["fleet.num_models=4", "data.holdout_fraction=0.75", "canaries.repetitions=2", "audit.ladder.enabled=true",
+        "audit.ladder.input_space_canaries=256", "audit.ladder.gradient_canaries=100000"]
 
 
 def run_args(out):
@@ -47,7 +48,7 @@ def tiny_run(tmp_path_factory, _threads):
 
 def numbers(report):
     """Every number of a report, by path (timestamps and paths left out)."""
-    skip = {"created", "manifest", "figures", "run_dir", "config"}
+    skip = {"created", "manifest", "figures", "run_dir", "config", "cost_s"}  # cost_s: seconds
     out = {}
 
     def walk(x, path):
@@ -114,9 +115,11 @@ def test_report_has_a_model_entry_per_model(tiny_run):
     assert by_name["nonprivate"]["verdict"]["status"] == "no_claim"
     for name, eps in (("dp-eps2", 2.0), ("dp-eps8", 8.0)):
         assert by_name[name]["dp"]["epsilon"] == pytest.approx(eps, rel=1e-3)
-        # 16 canaries at delta 1e-3: the method cannot see epsilon 2 or 8, so the audit says so
-        assert by_name[name]["verdict"]["status"] == "inconclusive"
-        assert by_name[name]["audit"]["ceiling"] <= eps
+        # canaries repeated twice: every rung is held to the group's epsilon (4.7, 18.9), which even
+        # the white-box rung's 10^5 gradient canaries cannot reach, so the audit says so
+        verdict = by_name[name]["verdict"]
+        assert verdict["status"] == "inconclusive" and verdict["claimed_epsilon"] > 2 * eps
+        assert verdict["attack"] == "white_box" and by_name[name]["audit"]["ceiling"] <= verdict["claimed_epsilon"]
         # secret canaries by repetition count, each inserted group with its guarantee (a group at note level)
         groups = {g["repetitions"]: g for g in by_name[name]["extraction"]["secrets"]["groups"]}
         assert groups[0]["epsilon"] is None and groups[1]["epsilon"] == pytest.approx(eps, rel=1e-3)
@@ -127,6 +130,31 @@ def test_report_has_a_model_entry_per_model(tiny_run):
     assert canary["text"] not in html  # member texts stay out of the report unless asked for
     assert canary["id"] in (tiny_run / "tables" / "canaries.csv").read_text()
     assert "<script" not in html and 'src="http' not in html
+
+
+def test_every_dp_model_has_its_ladder(tiny_run):
+    """The three rungs of each DP model, in order; the twins are a run of their own; the
+    white-box rung at the claimed noise stays below the claim and sees most of its ideal."""
+    from dpaudit.accounting import read_record
+
+    report = {m["name"]: m for m in json.loads((tiny_run / "report.json").read_text())["models"]}
+    assert report["nonprivate"]["rungs"] == [] and not (tiny_run / "models" / "nonprivate" / "ladder.json").exists()
+    for name in MODELS[1:]:
+        rungs = {r["rung"]: r for r in json.loads((tiny_run / "models" / name / "ladder.json").read_text())["rungs"]}
+        assert list(rungs) == ["released", "input_space", "white_box"] and not any(r["refused"] for r in rungs.values())
+        assert rungs["released"]["num_canaries"] == 16 and rungs["input_space"]["num_canaries"] == 256
+        record = read_record(tiny_run / "models" / name / "dp_event.json")
+        white = rungs["white_box"]
+        assert white["num_canaries"] == 100_000 and white["regime"]["sample_rate"] == 1.0
+        # the twin keeps the claim (its noise calibrated to it, never above it)
+        assert record.epsilon() * (1 - 1e-3) < white["regime"]["epsilon"] <= record.epsilon()
+        assert 0.5 * white["ideal"] < white["epsilon"] < white["regime"]["epsilon"]
+        assert white["confidence"] == pytest.approx(1 - 0.05 / 3)  # three rungs share the significance
+        twin = tiny_run / "ladder" / "run" / "models" / name
+        assert (twin / "gradient_canaries.npz").is_file() and (twin / "dp_event.json").is_file()
+        assert [r["rung"] for r in report[name]["rungs"]] == list(rungs)
+    html = (tiny_run / "report.html").read_text()
+    assert html.index('id="ladder"') < html.index('id="summary"')
 
 
 def test_interrupted_run_resumes_to_the_same_report(tiny_run, tmp_path):
