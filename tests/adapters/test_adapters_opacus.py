@@ -171,7 +171,17 @@ def _validate(step, *, sigma=1.0, c=1.0, repetitions=REPETITIONS):
                          repetitions=repetitions)
 
 
-@pytest.mark.parametrize(("mode", "clipping"), [p for p in adapter.PLUG_INS if p != ("ghost", "adaptive")])
+# in the default suite: one step per mode (ExpandedWeights' three are quick on GPT-NeoX); the rest are slow
+QUICK = {("hooks", "flat"), ("ghost", "flat"), ("ew", "flat"), ("ew", "per_layer"), ("ew", "adaptive"),
+         "tenth_noise_hooks", "tenth_noise_ghost", "module_bound_ghost"}
+
+
+def quick_or_slow(cases):
+    return [c if c in QUICK else pytest.param(*(c if isinstance(c, tuple) else (c,)), marks=pytest.mark.slow)
+            for c in cases]
+
+
+@pytest.mark.parametrize(("mode", "clipping"), quick_or_slow([p for p in adapter.PLUG_INS if p != ("ghost", "adaptive")]))
 def test_correct_steps_are_not_violated(mode, clipping, monkeypatch):
     arch = supported(mode)
     use_in_validator(arch, monkeypatch)
@@ -187,8 +197,8 @@ def test_ghost_adaptive_needs_a_batch_above_ten_sigma():
         _validate(adapter.step_ghost_adaptive, repetitions=8)
 
 
-@pytest.mark.parametrize("name", ["tenth_noise_hooks", "tenth_noise_functorch", "tenth_noise_ghost",
-                                  "module_bound_ghost"])
+@pytest.mark.parametrize("name", quick_or_slow(["tenth_noise_hooks", "tenth_noise_functorch", "tenth_noise_ghost",
+                                               "module_bound_ghost"]))
 def test_faults_in_opacus_objects_are_violated(name):
     result = _validate(FAULTS[name])
     assert result["verdict"] == "violated" and result["exit_code"] == 1, result["reason"]
