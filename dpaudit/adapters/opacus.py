@@ -59,8 +59,8 @@ What users hit, and what these plug-ins do about it:
   multiplies the backpropagated gradient by the realised batch size to recover per-sample
   gradients and, after clipping and noise, divides by its expected batch size. A loss averaged
   over all tokens of a batch (a Hugging Face model's own ``loss``) would give each sequence a
-  weight that depends on the others' lengths; Opacus's ghost-clipping wrapper before 1.6
-  averaged each sequence over the padded length.
+  weight that depends on the others' lengths; so would Opacus's ghost-clipping wrapper before
+  1.6 with ``criterion(..., shape=...)``, which averaged each sequence over the padded length.
 - **The expected batch size.** ``make_private`` derives the Poisson rate from the data loader,
   q = 1 / len(data_loader), and the divisor from it, int(len(dataset) * q), which is not
   ``batch_size`` unless it divides the dataset's size. The trainer records the rate and divisor
@@ -85,9 +85,15 @@ What users hit, and what these plug-ins do about it:
   towards the median norm after each step (:data:`ADAPTIVE`); its noisy count of unclipped
   gradients has std ``max(B / 20, sigma)`` (Opacus requires sigma < 2 x that std) and sigma
   is the combined noise multiplier the accountant sees. A step audit sees one step at the
-  initial bound C. Ghost adaptive clipping moves the bound before the step's own clipping,
-  draws its count's noise from torch's global generator, and requires a realised batch larger
-  than 10 sigma.
+  initial bound C. Opacus's adaptive optimizer fails on an empty batch
+  (:meth:`Private.noise_only` works around it). Ghost adaptive clipping moves the bound before
+  the step's own clipping, draws its count's noise from torch's global generator, refuses
+  realised batches of at most 10 sigma, and **in Opacus 1.6.0 does not clip per example**:
+  its loss wrapper calls the criterion with the criterion's own reduction ("mean"; 1.5.x set it
+  to "none"), so the "per-sample" loss is the batch's mean and the whole batch's gradient is
+  scaled by the mean clipping factor. The step validator finds it ``violated`` under 1.6.0
+  and ``consistent`` under 1.5.3 (a tiny GPT-NeoX, S = 1/3, 600 runs a side;
+  ``benchmarks/bench_opacus_adapters.py``).
 
 Only ``train.dp.unit: example`` (Opacus clips per example). The trainer trains in float32,
 one physical batch per step (``train.microbatch_size`` is not used).
@@ -98,6 +104,7 @@ plug-in of :func:`make_step` and change one object after ``make_private`` (``tam
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import re
@@ -253,6 +260,16 @@ class Private:
                 m.__dict__.pop(attr, None)
 
 
+@contextlib.contextmanager
+def _quiet():
+    """Opacus's warnings that say nothing to a user of these plug-ins: secure RNG off (the noise
+    generator is chosen here), hooks on the token-id input, functorch's autocast on the CPU."""
+    with warnings.catch_warnings():
+        for message in _QUIET:
+            warnings.filterwarnings("ignore", message=f".*{message}")
+        yield
+
+
 def make_private(model: nn.Module, *, optimizer: torch.optim.Optimizer, data_loader: DataLoader, mode: str,
                  clipping: str, noise_multiplier: float, max_grad_norm: float,
                  noise_generator: torch.Generator | None = None) -> Private:
@@ -280,9 +297,7 @@ def make_private(model: nn.Module, *, optimizer: torch.optim.Optimizer, data_loa
             expected = len(data_loader.dataset) / len(data_loader)
             options["unclipped_num_std"] = max(expected / 20.0, float(noise_multiplier))
     criterion = SequenceLoss(reduction="mean")
-    with warnings.catch_warnings():
-        for message in _QUIET:
-            warnings.filterwarnings("ignore", message=f".*{message}")
+    with _quiet():
         out = engine_class().make_private(
             module=model, optimizer=optimizer, data_loader=data_loader, noise_multiplier=noise_multiplier,
             max_grad_norm=bound, poisson_sampling=True, clipping=clipping, grad_sample_mode=mode,
@@ -327,8 +342,7 @@ def make_step(mode: str, clipping: str, *, lr: float = STEP_LR,
             if tamper is not None:
                 tamper(private)
             rows = collate([unit[0] for unit in batch_units(batch)], pad_id=0, device=device)
-            with warnings.catch_warnings():
-                warnings.filterwarnings("ignore", message=".*Full backward hook is firing")
+            with _quiet():
                 private.loss(rows).backward()
             private.optimizer.step()
             private.optimizer.zero_grad(set_to_none=True)
@@ -503,8 +517,7 @@ def _loop(private: Private, *, train, steps: int, noise: SecureGenerator | None,
         if batch is None:
             private.noise_only()
         else:
-            with warnings.catch_warnings():
-                warnings.filterwarnings("ignore", message=".*Full backward hook is firing")
+            with _quiet():
                 out = private.loss(batch)
                 loss = float(getattr(out, "loss_per_sample", out).detach().mean())  # ghost: Opacus's wrapper
                 out.backward()
