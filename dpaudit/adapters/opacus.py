@@ -388,12 +388,12 @@ def _as_batch(rows, device: torch.device) -> Batch | None:
     return Batch(rows["input_ids"], rows["attention_mask"], rows["labels"], rows["position_ids"]).to(device)
 
 
-def make_trainer(mode: str, clipping: str, *, name: str | None = None) -> Callable[..., Any]:
+def make_trainer(mode: str, clipping: str) -> Callable[..., Any]:
     """A trainer plug-in ``train(dataset, tokenizer, *, seed, config=None, record=None,
     eval_dataset=None)`` (:mod:`dpaudit.plugins`): a plain PyTorch loop over what
     ``make_private`` returns. ``config=None`` is the ``tiny`` preset at noise multiplier 1."""
     check_mode(mode, clipping)
-    spec = name or f"dpaudit.adapters.opacus:train_{mode}_{clipping}"
+    spec = f"dpaudit.adapters.opacus:train_{mode}_{clipping}"
 
     def train(dataset, tokenizer, *, seed: int, config: Config | None = None, record: TrainingRecord | None = None,
               eval_dataset=None):

@@ -298,6 +298,18 @@ def test_empty_poisson_batches_get_their_noise(tokenizer, name):
     assert all(bool(p.isfinite().all()) for p in model.parameters()) and record.checks["parameters"]["all_moved"]
 
 
+def test_ghost_adaptive_trainer_needs_batches_above_ten_sigma(tokenizer):
+    from dpaudit.train import TrainingRecord
+
+    record = TrainingRecord()
+    adapter.train_ghost_adaptive(dataset(tokenizer, 40), tokenizer, seed=0, record=record, config=trainer_config(
+        "train_ghost_adaptive", "train.batch_size=20", "train.dp.noise_multiplier=0.5", "train.steps=3",
+        "train.dp.accountant=rdp"))
+    assert record.dp.sample_rate == 0.5 and record.dp.noise_multiplier == 0.5 and record.checks["ok"]
+    with pytest.raises(AssertionError, match="10 \\* noise_multiplier"):
+        adapter.train_ghost_adaptive(dataset(tokenizer), tokenizer, seed=0, config=trainer_config("train_ghost_adaptive"))
+
+
 def test_ew_trainer_on_gpt_neox(tokenizer, tmp_path):
     """ExpandedWeights runs GPT-NeoX, not the preset's GPT-2: the trainer fine-tunes a NeoX."""
     from dpaudit.train import TrainingRecord
