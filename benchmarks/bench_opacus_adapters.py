@@ -77,7 +77,8 @@ def step_rows(version: str):
             try:
                 r = validate_step(step=step, noise_multiplier=sigma, max_grad_norm=c, expected_batch_size=8,
                                   repetitions=reps)
-                cells = [r["verdict"], f"{r['mu_lower_bound']:.2f}", f"{r['mu_ceiling']:.2f}", f"{r['estimate']['mu']:.2f}"]
+                numbers = (r["mu_lower_bound"], r["mu_ceiling"], r["estimate"]["mu"])
+                cells = [r["verdict"], *(f"{x:.2f}" for x in numbers)]
             except InputError as err:
                 cells = ["refused: " + str(err).split(": ", 2)[-1][:70], "", "", ""]
         print(f"| {name} | {arch}, S={sigma:.3g}, C={c:g}, R={reps} | {version} | {cells[0]} | {cells[1]} | "

@@ -181,7 +181,8 @@ def quick_or_slow(cases):
             for c in cases]
 
 
-@pytest.mark.parametrize(("mode", "clipping"), quick_or_slow([p for p in adapter.PLUG_INS if p != ("ghost", "adaptive")]))
+@pytest.mark.parametrize(("mode", "clipping"),
+                         quick_or_slow([p for p in adapter.PLUG_INS if p != ("ghost", "adaptive")]))
 def test_correct_steps_are_not_violated(mode, clipping, monkeypatch):
     arch = supported(mode)
     use_in_validator(arch, monkeypatch)
@@ -307,7 +308,8 @@ def test_ghost_adaptive_trainer_needs_batches_above_ten_sigma(tokenizer):
         "train.dp.accountant=rdp"))
     assert record.dp.sample_rate == 0.5 and record.dp.noise_multiplier == 0.5 and record.checks["ok"]
     with pytest.raises(AssertionError, match="10 \\* noise_multiplier"):
-        adapter.train_ghost_adaptive(dataset(tokenizer), tokenizer, seed=0, config=trainer_config("train_ghost_adaptive"))
+        adapter.train_ghost_adaptive(dataset(tokenizer), tokenizer, seed=0,
+                                     config=trainer_config("train_ghost_adaptive"))
 
 
 def test_ew_trainer_on_gpt_neox(tokenizer, tmp_path):

@@ -32,8 +32,9 @@ def test_adapters_on_the_oldest_opacus():
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         p for p in (str(TARGET), str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
     test = Path(__file__).with_name("test_adapters_opacus.py")
+    args = [str(test), "-q", "-p", "no:cacheprovider", "-m", "not slow", "-W", "ignore"]
     script = (f"import opacus, sys; assert opacus.__version__ == {OLDEST!r}, opacus.__version__; import pytest; "
-              f"sys.exit(pytest.main([{str(test)!r}, '-q', '-p', 'no:cacheprovider', '-m', 'not slow', '-W', 'ignore']))")
+              f"sys.exit(pytest.main({args!r}))")
     proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=900)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
