@@ -233,6 +233,27 @@ class Private:
                              use_cache=False).logits
         return self.criterion(logits, batch.labels)
 
+    def step(self, batch: Batch | None) -> float | None:
+        """One optimizer step on ``batch`` (:meth:`loss`, ``backward``, ``optimizer.step()``,
+        ``zero_grad``), or on an empty batch (None: :meth:`noise_only`); returns the loss. An
+        architecture the mode cannot run is an InputError that says so."""
+        loss = None
+        try:
+            with _quiet():
+                if batch is None:
+                    self.noise_only()
+                else:
+                    out = self.loss(batch)
+                    loss = float(getattr(out, "loss_per_sample", out).detach().mean())  # ghost: Opacus's wrapper
+                    out.backward()
+                self.optimizer.step()
+        except (RuntimeError, AttributeError, NotImplementedError) as err:
+            raise InputError(f"Opacus's grad_sample_mode={self.mode!r} failed on {type(self.model).__name__} "
+                             f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}); the "
+                             "architectures each mode runs: dpaudit.adapters.opacus") from err
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss
+
     def noise_only(self) -> None:
         """Leave a zero clipped sum for the optimizer's next ``step`` (an empty Poisson batch:
         the update is noise alone). Opacus's adaptive-clipping optimizer has no branch for an
@@ -342,10 +363,7 @@ def make_step(mode: str, clipping: str, *, lr: float = STEP_LR,
             if tamper is not None:
                 tamper(private)
             rows = collate([unit[0] for unit in batch_units(batch)], pad_id=0, device=device)
-            with _quiet():
-                private.loss(rows).backward()
-            private.optimizer.step()
-            private.optimizer.zero_grad(set_to_none=True)
+            private.step(rows)
         finally:
             private.close()
 
@@ -497,8 +515,8 @@ def _evaluation(sequences, eval_dataset, *, config: Config, pad_id: int, device:
 def _loop(private: Private, *, train, steps: int, noise: SecureGenerator | None, evaluation,
           device: torch.device) -> tuple[list[dict[str, Any]], list[int], dict[str, int]]:
     """``steps`` steps over the Poisson loader ``make_private`` returned (its epochs one after
-    another), each ``loss.backward()`` and ``optimizer.step()`` (noise alone for an empty
-    batch), the learning rate following ``train``'s schedule. Returns the log, the realised
+    another), each :meth:`Private.step` (noise alone for an empty batch), the learning rate
+    following ``train``'s schedule. Returns the log, the realised
     batch sizes and the non-finite counts. ``noise``: a secure generator to move on each step."""
     scheduler = torch.optim.lr_scheduler.LambdaLR(private.optimizer, lambda s: lr_factor(
         s, schedule=train.schedule, warmup_steps=train.warmup_steps, total_steps=steps))
@@ -511,22 +529,14 @@ def _loop(private: Private, *, train, steps: int, noise: SecureGenerator | None,
         if rows is None:  # the loader's next epoch
             batches = iter(private.data_loader)
             rows = next(batches)
-        batch, lr, loss = _as_batch(rows, device), scheduler.get_last_lr()[0], None
+        batch, lr = _as_batch(rows, device), scheduler.get_last_lr()[0]
         if noise is not None:
             noise.next_step()
-        if batch is None:
-            private.noise_only()
-        else:
-            with _quiet():
-                out = private.loss(batch)
-                loss = float(getattr(out, "loss_per_sample", out).detach().mean())  # ghost: Opacus's wrapper
-                out.backward()
-            if not math.isfinite(loss):
-                raise InputError(f"training diverged: the loss is NaN or infinite at step {step} of {steps}; "
-                                 "lower train.lr or check the data")
-        private.optimizer.step()
+        loss = private.step(batch)
+        if loss is not None and not math.isfinite(loss):
+            raise InputError(f"training diverged: the loss is NaN or infinite at step {step} of {steps}; "
+                             "lower train.lr or check the data")
         scheduler.step()
-        private.optimizer.zero_grad(set_to_none=True)
         nonfinite["updates"] += not all(bool(p.isfinite().all()) for p in params)
         sizes.append(0 if batch is None else len(batch))
         row = {"step": step, "train_loss": loss, "lr": lr, "batch_size": sizes[-1], "examples": sizes[-1]}
