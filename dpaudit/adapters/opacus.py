@@ -446,14 +446,17 @@ def _train(dataset, tokenizer, *, seed: int, config: Config | None, record: Trai
         raise InputError("the tokenizer has neither a pad token nor an eos token")
     data = load_data(dataset, unit="example", max_length=config.data.max_length, pad_id=pad_id)
     steps = num_steps(train, data.num_units)
-    plan = plan_privacy(dp, batch_size=train.batch_size, num_units=data.num_units, steps=steps)
+    # the checks and delta of train.dp; a target epsilon is calibrated below, at make_private's rate
+    target = dp.target_epsilon is not None and dp.noise_multiplier is None
+    plan = plan_privacy(dataclasses.replace(dp, noise_multiplier=1.0, target_epsilon=None) if target else dp,
+                        batch_size=train.batch_size, num_units=data.num_units, steps=steps)
     seeds, secure = RunSeeds.from_seed(seed), not dp.reproducible
     device = resolve_device(train.device, what="train.device")
     sampler_seed = os_seed() if secure else int(seeds.sampler.generate_state(1, "uint64")[0] >> 1)
     loader = DataLoader(_Rows(data.sequences), batch_size=train.batch_size, collate_fn=_collate_rows(pad_id),
                         generator=torch.Generator().manual_seed(sampler_seed))
-    q = 1.0 / len(loader)  # make_private's Poisson rate; a target epsilon is calibrated at it
-    sigma = plan.noise_multiplier if dp.target_epsilon is None else accounting.noise_multiplier(
+    q = 1.0 / len(loader)  # make_private's Poisson rate
+    sigma = plan.noise_multiplier if not target else accounting.noise_multiplier(
         target_epsilon=dp.target_epsilon, sample_rate=q, steps=steps, delta=plan.delta, method=dp.accountant)
     evaluation = _evaluation(data.sequences, eval_dataset, config=config, pad_id=pad_id, device=device)
     with torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []):
@@ -481,7 +484,7 @@ def _train(dataset, tokenizer, *, seed: int, config: Config | None, record: Trai
         summary["seeds"] = {**seeds.to_dict(), "noise": None} if secure else seeds.to_dict()
         summary["noise"] = noise_mode(True, dp)
         record.checks = summary
-        ran = dataclasses.replace(plan, noise_multiplier=float(sigma), sample_rate=q,
+        ran = dataclasses.replace(plan, noise_multiplier=float(sigma), sample_rate=q, target_epsilon=dp.target_epsilon,
                                   expected_batch_size=int(private.optimizer.expected_batch_size))
         record.dp = dp_record(trainer=spec, sampler="poisson", plan=ran, num_units=data.num_units, steps=steps,
                               batch_size=ran.expected_batch_size, noise=noise_mode(True, dp))

@@ -276,6 +276,17 @@ def test_trainer_records_what_make_private_ran(tokenizer, name):
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), again.state_dict().values()))
 
 
+def test_a_target_epsilon_is_calibrated_at_make_privates_rate(tokenizer):
+    from dpaudit.train import TrainingRecord
+
+    record = TrainingRecord()
+    adapter.train_hooks_flat(dataset(tokenizer), tokenizer, seed=0, record=record, config=trainer_config(
+        "train_hooks_flat", "train.dp.noise_multiplier=null", "train.dp.target_epsilon=8", "train.dp.delta=1e-3",
+        "train.dp.accountant=rdp"))
+    dp = record.dp
+    assert dp.sample_rate == 1 / 3 and dp.target_epsilon == 8 and dp.epsilon() == pytest.approx(8, abs=0.01)
+
+
 def test_trainer_refuses_user_level_units_and_old_opacus(tokenizer, monkeypatch):
     with pytest.raises(InputError, match="train.dp.unit=user"):
         adapter.train_hooks_flat(dataset(tokenizer), tokenizer, seed=0,
