@@ -197,9 +197,8 @@ def untie_embeddings(model: nn.Module) -> bool:
 class SequenceLoss(nn.Module):
     """The criterion handed to ``make_private``: ``loss(logits (b, L, V), labels (b, L))``, each
     sequence's mean next-token NLL over its own tokens (labels -100 are padding;
-    :func:`dpaudit.train.engine.example_losses`), reduced over the batch by ``reduction``:
-    ``"mean"``, ``"sum"`` or ``"none"`` (one loss per sequence, which ghost clipping's wrapper
-    asks for)."""
+    :func:`dpaudit.train.engine.example_losses`), averaged over the batch, or one loss per
+    sequence when ``reduction`` is ``"none"`` (which ghost clipping's wrapper sets)."""
 
     def __init__(self, reduction: str = "mean"):
         super().__init__()
@@ -207,9 +206,7 @@ class SequenceLoss(nn.Module):
 
     def forward(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         losses = example_losses(logits, labels)
-        if self.reduction == "none":
-            return losses
-        return losses.sum() if self.reduction == "sum" else losses.mean()
+        return losses if self.reduction == "none" else losses.mean()
 
 
 @dataclass

@@ -16,7 +16,6 @@ from transformers import (
 )
 
 VOCAB = 97
-ARCHS = ("gpt2", "llama", "gpt_neox", "opt")
 
 
 def build(arch: str, *, vocab_size: int = VOCAB, seed: int = 0):
