@@ -244,6 +244,8 @@ class Private:
                     loss = float(getattr(out, "loss_per_sample", out).detach().mean())  # ghost: Opacus's wrapper
                     out.backward()
                 self.optimizer.step()
+        except torch.cuda.OutOfMemoryError:
+            raise
         except (RuntimeError, AttributeError, NotImplementedError) as err:
             raise InputError(f"Opacus's grad_sample_mode={self.mode!r} failed on {type(self.model).__name__} "
                              f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}); the "
