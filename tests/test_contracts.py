@@ -115,9 +115,11 @@ TOY_TRAINER = f"{__name__}:toy_trainer"  # MODULE:FUNCTION, as a user names it i
 
 # --------------------------------------------------------------------------- every trainer
 
-OPACUS = pytest.param("dpaudit.train.opacus:dpsgd", marks=pytest.mark.skipif(
-    importlib.util.find_spec("opacus") is None, reason="opacus is not installed"))
-TRAINERS = ["dpaudit.train:nonprivate", "dpaudit.train:dpsgd", OPACUS,
+OPACUS = [pytest.param(spec, marks=pytest.mark.skipif(importlib.util.find_spec("opacus") is None,
+                                                      reason="opacus is not installed"))
+          for spec in ("dpaudit.train.opacus:dpsgd", "dpaudit.adapters.opacus:train_hooks_flat",
+                       "dpaudit.adapters.opacus:train_ghost_flat")]
+TRAINERS = ["dpaudit.train:nonprivate", "dpaudit.train:dpsgd", *OPACUS,
             *(f"dpaudit.train.faulty:{key}" for key in FAULTY_TRAINERS), TOY_TRAINER]
 # records the accounting of another event than the one it runs, on purpose (dpaudit.train.faulty)
 WRONG_ACCOUNTING = {"dpaudit.train.faulty:microstep_accounting"}

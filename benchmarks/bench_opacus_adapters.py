@@ -1,0 +1,132 @@
+"""Opacus's ``make_private`` plug-ins (``dpaudit.adapters.opacus``) against the audits, for the
+installed Opacus: one markdown row per run, mode x clipping x Opacus version x verdict, with
+the sound bound, its ceiling and the seconds.
+
+    python benchmarks/bench_opacus_adapters.py                      # step audits, then validate runs
+    python benchmarks/bench_opacus_adapters.py --only steps
+    PYTHONPATH=.ci/opacus-oldest:. python benchmarks/bench_opacus_adapters.py   # the oldest Opacus
+
+Step rows: :func:`dpaudit.stages.validate_step.validate_step` (``dpaudit validate --step``) at
+S = 1, B = 8 and C = 1 on its own tiny GPT-2, or at C = 0.1 on a tiny GPT-NeoX for the modes
+that do not run GPT-2 (``tests/adapters/opacus_models.py``), 24 runs a side unless the row says
+otherwise; the faults of ``tests/adapters/opacus_faults.py`` beside the correct steps. Trainer
+rows: :func:`dpaudit.stages.validate.validate` (``dpaudit validate --trainer``) on the ``tiny``
+preset with 100 canaries, claimed epsilon 4 at delta 1e-3 (the accountant's is about 2.5);
+ExpandedWeights fine-tunes a tiny GPT-NeoX. One torch thread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "adapters")]
+
+import torch  # noqa: E402
+
+STEP_ROWS = [  # (plug-in or fault, S, repetitions)
+    *((f"step_{m}_{c}", 1.0, 24) for m, c in (
+        ("hooks", "flat"), ("hooks", "per_layer"), ("hooks", "adaptive"), ("ew", "flat"), ("ew", "per_layer"),
+        ("ew", "adaptive"), ("functorch", "flat"), ("functorch", "per_layer"), ("functorch", "adaptive"),
+        ("ghost", "flat"), ("ghost", "adaptive"))),
+    ("step_ghost_adaptive", 1 / 3, 600),
+    ("tenth_noise_hooks", 1.0, 24), ("tenth_noise_functorch", 1.0, 24), ("tenth_noise_ghost", 1.0, 24),
+    ("module_bound_ghost", 1.0, 24), ("half_linear_norm_ghost", 0.5, 300), ("half_embedding_norm_ghost", 1.0, 200),
+    ("half_conv1d_norm_ghost", 1.0, 200),
+]
+FAULT_ARCH = {"half_linear_norm_ghost": "gpt_neox", "half_embedding_norm_ghost": "gpt2",
+              "half_conv1d_norm_ghost": "gpt2"}
+
+
+@contextlib.contextmanager
+def validator_model(arch: str):
+    """The step validator audits a tiny ``arch`` (GPT-2: its own) within the context."""
+    import dpaudit.models
+    from opacus_models import build
+
+    saved = dpaudit.models.build_model
+    if arch != "gpt2":
+        dpaudit.models.build_model = lambda *, vocab_size, seed, **_: build(arch, vocab_size=vocab_size, seed=seed)
+    try:
+        yield
+    finally:
+        dpaudit.models.build_model = saved
+
+
+def step_rows(version: str):
+    from opacus_faults import FAULTS
+
+    from dpaudit.adapters import opacus as adapter
+    from dpaudit.errors import InputError
+    from dpaudit.stages.validate_step import validate_step
+
+    for name, sigma, reps in STEP_ROWS:
+        step = FAULTS.get(name) or getattr(adapter, name)
+        mode = name.split("_")[1] if name.startswith("step_") else name.rsplit("_", 1)[1]
+        arch = FAULT_ARCH.get(name) or (adapter.SUPPORT[mode][0] if sigma == 1.0 else "gpt_neox")
+        c = 1.0 if arch == "gpt2" else 0.1
+        started = time.perf_counter()
+        torch.manual_seed(0)  # ghost adaptive clipping draws from torch's global generator
+        with validator_model(arch):
+            try:
+                r = validate_step(step=step, noise_multiplier=sigma, max_grad_norm=c, expected_batch_size=8,
+                                  repetitions=reps)
+                numbers = (r["mu_lower_bound"], r["mu_ceiling"], r["estimate"]["mu"])
+                cells = [r["verdict"], *(f"{x:.2f}" for x in numbers)]
+            except InputError as err:
+                cells = ["refused: " + str(err).split(": ", 2)[-1][:70], "", "", ""]
+        print(f"| {name} | {arch}, S={sigma:.3g}, C={c:g}, R={reps} | {version} | {cells[0]} | {cells[1]} | "
+              f"{1 / sigma:.2f} | {cells[2]} | {cells[3]} | {time.perf_counter() - started:.1f} |", flush=True)
+
+
+def trainer_rows(version: str):
+    from opacus_models import build
+
+    from dpaudit.adapters import opacus as adapter
+    from dpaudit.data.tokenizer import train_tokenizer
+    from dpaudit.stages.validate import validate
+
+    for mode, clipping in adapter.PLUG_INS:
+        if (mode, clipping) == ("ghost", "adaptive"):
+            continue  # needs realised batches above 10 sigma; in Opacus 1.6.0 it does not clip per example
+        with tempfile.TemporaryDirectory(prefix="bench-opacus-") as work:
+            sets = ["train.dp.noise_multiplier=1.0"]
+            if mode == "ew":
+                tokenizer = train_tokenizer([f"patient {i} seen on day {i % 30}" for i in range(300)], vocab_size=400)
+                build("gpt_neox", vocab_size=len(tokenizer)).save_pretrained(Path(work) / "neox")
+                tokenizer.save_pretrained(Path(work) / "neox")
+                sets += [f"model.base_model={Path(work) / 'neox'}", "pretrain.enabled=false"]
+            started = time.perf_counter()
+            r = validate(trainer=f"dpaudit.adapters.opacus:train_{mode}_{clipping}", epsilon=4.0, delta=1e-3,
+                         canaries=100, config="tiny", overrides=sets, out=Path(work) / "v")
+            print(f"| train_{mode}_{clipping} | {'GPT-NeoX' if mode == 'ew' else 'GPT-2'}, tiny, 100 canaries | "
+                  f"{version} | {r['verdict']} | {r['epsilon_lower_bound']:.2f} | 4 | {r['ceiling']:.2f} | | "
+                  f"{time.perf_counter() - started:.1f} |", flush=True)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", choices=("steps", "trainers"))
+    args = parser.parse_args(argv)
+    import opacus
+
+    warnings.simplefilter("ignore")
+    torch.set_num_threads(1)
+    print("| plug-in | setting | Opacus | verdict | bound (mu; epsilon for trainers) | claim | ceiling | "
+          "estimate | seconds |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    if args.only != "trainers":
+        step_rows(opacus.__version__)
+    if args.only != "steps":
+        trainer_rows(opacus.__version__)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
