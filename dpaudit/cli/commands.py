@@ -198,6 +198,11 @@ def _finish_audit(args: argparse.Namespace, out: Path, report: dict) -> int:
         lines.append(f"{m['name']:<16}{eps_text:>9}{_fmt(audit.get('epsilon_lower_bound'), '.2f'):>8}"
                      f"{_fmt(audit.get('ceiling'), '.2f'):>9}{_fmt((m.get('utility') or {}).get('heldout_perplexity'), '.1f'):>9}"
                      f"  {status}")
+        rungs = [r for r in m.get("rungs") or [] if r.get("epsilon") is not None or r.get("refused")]
+        if rungs and not m.get("error"):  # the threat-model ladder: each rung's bound (its ideal)
+            lines.append("  ladder: " + ", ".join(
+                f"{r['rung'].replace('_', '-')} refused" if r.get("epsilon") is None else
+                f"{r['rung'].replace('_', '-')} {r['epsilon']:.2f} (ideal {_fmt(r.get('ideal'), '.2f')})" for r in rungs))
         if m.get("error"):
             lines.append(f"  error: {m['error']}")
         elif verdict.get("reason") and status in ("violated", "inconclusive"):
