@@ -171,8 +171,8 @@ def _modelled_test(x_in: np.ndarray, x_out: np.ndarray, n_in: int, n_out: int,
     """(predicted bound, separation, threshold) of the test "in when x > t" on an evaluation
     half of ``n_in`` / ``n_out`` runs, predicted from a normal fit of each selection sample:
     t is the midpoint between two sorted values (or below all) whose predicted counts give
-    the largest bound; the separation (mean difference over the larger standard deviation)
-    breaks ties."""
+    the largest bound, the middle one among ties; the separation (mean difference over the
+    larger standard deviation) breaks ties between tests."""
     m_in, m_out = x_in.mean(), x_out.mean()
     s_in, s_out = x_in.std(ddof=1), x_out.std(ddof=1)
     floor = max(1e-12 * max(abs(m_in), abs(m_out)), np.finfo(float).tiny)
@@ -183,7 +183,8 @@ def _modelled_test(x_in: np.ndarray, x_out: np.ndarray, n_in: int, n_out: int,
         tpr = special.ndtr((m_in - thresholds) / s_in)
         fpr = special.ndtr((m_out - thresholds) / s_out)
     mu = _mu_lower_bounds(np.rint(tpr * n_in), np.rint(fpr * n_out), n_in, n_out, significance)
-    i = int(np.argmax(mu))
+    best = np.flatnonzero(mu == mu.max())
+    i = best[len(best) // 2]
     return float(mu[i]), float((m_in - m_out) / max(s_in, s_out)), float(thresholds[i])
 
 

@@ -10,21 +10,17 @@ where a black-box audit of a final model sees only gross bugs. What it does:
    ``nn.Linear`` where GPT-2 has ``Conv1D``), or with ``model_dir`` the user's own (in float32);
    a fixed batch D of random rows (b = min(B - 1, 7), at least 1) of tokens from the lower half
    of its vocabulary, and a canary row of tokens from the upper half, which D does not use;
-2. crafts the canaries (:mod:`dpaudit.train.step_canaries`): the canary row at several
-   perturbations of the model, each making one kind of parameter dominate the row's gradient
-   g (embeddings, attention and MLP weights, an untied output layer, biases, norm layers; and
-   one spread over all), g's part in that kind raised to at least ``NORM_FACTOR`` x C, so that
-   a step that leaves a kind out of clipping, or computes its per-example norm wrongly, shows
-   a sensitivity above C on that kind's canary;
-3. for each canary, runs the step R times on D and R times on D + canary, each time on a fresh
-   copy of that canary's model with a fresh noise generator, and projects each update on the
-   canary's descent direction -g / ||g|| and, as further candidates, on its restriction to each
-   kind and to each parameter tensor;
-4. derives from the samples a rigorous lower bound on the step's Gaussian-DP mu
+2. crafts the canaries (:mod:`dpaudit.train.step_canaries`): the canary row at perturbations
+   of the model that make one kind of parameter dominate the row's gradient g (and one spread
+   over all), g's part in that kind at least ``NORM_FACTOR`` x C: a step that leaves a kind out
+   of clipping, or computes its per-example norm wrongly, exceeds C on that kind's canary;
+3. for each canary, runs the step R times on D and R times on D + canary, each on a fresh copy
+   of that canary's model with fresh noise, and projects each update on -g / ||g|| and on its
+   restriction to each kind and to each parameter tensor;
+4. derives a rigorous lower bound on the step's Gaussian-DP mu
    (:func:`dpaudit.audit.two_sample.mu_bound_over_pairs`: canary, statistic and threshold
-   chosen together on half of the runs, Clopper-Pearson on the other half; no Gaussian
-   assumption, no correction needed for the choice), and, apart, the Gaussian estimate of mu
-   with its interval on each canary's full direction;
+   chosen on half of the runs, Clopper-Pearson on the other half; no Gaussian assumption), and
+   apart the Gaussian estimate of mu on each canary's full direction;
 5. compares mu_lb with the claim: with the canary surely in the batch (no subsampling), a
    step that is the Gaussian mechanism with sensitivity C and noise N(0, S^2 C^2 I) is
    exactly (1/S)-GDP (Dong, Roth, Su 2019, arXiv 1905.02383) at any parameters. Epsilons are
@@ -51,6 +47,7 @@ import copy
 import inspect
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +60,7 @@ from dpaudit.jsonable import jsonable
 from dpaudit.rundir import RunDir, write_json_atomic, write_npz_atomic
 from dpaudit.seeds import derive_seed, seed_sequence
 from dpaudit.stages.artifacts import read_dp_record
-from dpaudit.train.step_canaries import NORM_FACTOR, design_canaries
+from dpaudit.train.step_canaries import NORM_FACTOR, RECIPES, iter_canaries
 
 SIGNIFICANCE = 0.05
 DEFAULT_REPETITIONS = 200
@@ -163,28 +160,12 @@ def _threads_for(model):
     """One torch thread (restored after) while a small model runs: its many small operations
     run fastest so, and a thread pool stalls on each whenever another process holds a core."""
     saved = torch.get_num_threads()
-    small = sum(p.numel() for p in model.parameters()) < ONE_THREAD_PARAMETERS
-    if small:
+    if sum(p.numel() for p in model.parameters()) < ONE_THREAD_PARAMETERS:
         torch.set_num_threads(1)
     try:
         yield
     finally:
-        if small:
-            torch.set_num_threads(saved)
-
-
-def _canaries(model, batch_with: dict, max_grad_norm: float, names: Sequence[str] | None):
-    """The canaries for ``model`` and the canary row of ``batch_with``, and the skipped ones."""
-    row = batch_with["input_ids"][-1][batch_with["attention_mask"][-1].bool()]
-    try:
-        canaries, skipped = design_canaries(model, row, max_grad_norm=max_grad_norm, names=names)
-    except ValueError as err:
-        raise InputError(str(err)) from None
-    if not canaries:
-        reasons = "; ".join(f"{k}: {v}" for k, v in skipped.items())
-        raise InputError(f"no canary could be made for this model ({reasons}); a canary needs a gradient norm of "
-                         f"{NORM_FACTOR:g} x C: a smaller --max-grad-norm may help")
-    return canaries, skipped
+        torch.set_num_threads(saved)
 
 
 # --------------------------------------------------------------------------- the audit
@@ -200,15 +181,13 @@ def validate_step(*, step: str | Callable[..., None], noise_multiplier: float, m
     """White-box audit of one DP-SGD step against the claim (S, C, B) (see the module docstring).
 
     The model: the tiny GPT-2 by default, ``arch`` (with ``tied``) a tiny model of that family,
-    ``model_dir`` a local causal-LM directory (``trust_remote_code`` as everywhere). ``canaries``
-    restricts the canaries to those named (:data:`dpaudit.train.step_canaries.RECIPES`; default
-    all that the model allows). ``model`` is the run directory's model whose q and T the run
-    epsilon composes. Returns a dict with :data:`JSON_KEYS` and the details (reason, exit_code,
-    ceiling, the Gaussian estimate of the first canary, each canary's design and estimate under
-    ``canaries``, and under ``run`` the epsilon the measured noise implies over q and T when they
-    are given or found in ``out``'s DP event; ``accountant`` defaults to that event's, else
-    "pld"). With ``out`` the result is written to ``out/step_audit.json`` and the projections
-    to ``out/step_audit.npz``; in a run directory ``dpaudit report`` shows it.
+    ``model_dir`` a local causal-LM directory. ``canaries`` names some of
+    :data:`dpaudit.train.step_canaries.RECIPES` (default all the model allows). ``model`` is the
+    run directory's model whose q and T the run epsilon composes. Returns a dict with
+    :data:`JSON_KEYS` and the details (exit_code, the test, each canary's design and estimate
+    under ``canaries``, and under ``run`` the epsilon the measured noise implies over q and T,
+    given or from ``out``'s DP event, whose accountant is the default, else "pld"). With ``out``
+    it writes ``out/step_audit.json`` and the projections ``out/step_audit.npz``.
     """
     from dpaudit.audit.two_sample import mu_bound_over_pairs
 
@@ -225,16 +204,20 @@ def validate_step(*, step: str | Callable[..., None], noise_multiplier: float, m
     vocab = model0.get_input_embeddings().weight.shape[0]
     batch, batch_with = _batches(np.random.default_rng(derive_seed(seed, 1)), rows, vocab)
     claim = dict(noise_multiplier=sigma, max_grad_norm=c, expected_batch_size=b)
+    unknown = sorted(set(canaries or ()) - {recipe.name for recipe in RECIPES})
+    if unknown:
+        raise InputError(f"unknown canaries {unknown}: expected some of {[recipe.name for recipe in RECIPES]}")
     with _threads_for(model0):
-        design, skipped = _canaries(model0, batch_with, c, canaries)
-        samples, moved = _all_projections(fn, name, design, batch, batch_with, repetitions=r, seed=seed, claim=claim)
-    bound = mu_bound_over_pairs(pairs=[(s["in"], s["out"]) for s in samples], significance=significance, seed=seed)
+        done, moved, skipped = _run_canaries(fn, name, model0, batch, batch_with, c, canaries, repetitions=r,
+                                             seed=seed, claim=claim)
+    bound = mu_bound_over_pairs(pairs=[(d.samples["in"], d.samples["out"]) for d in done],
+                                significance=significance, seed=seed)
     setting = {"model": described, "vocab_size": vocab, "batch_rows": rows, "row_length": ROW_LENGTH,
-               "canary_length": CANARY_LENGTH, "canary_gradient_norm": min(k.kind_norm for k in design),
-               "norm_factor": NORM_FACTOR, "num_statistics": sum(len(k.statistics) for k in design),
+               "canary_length": CANARY_LENGTH, "canary_gradient_norm": min(d.summary["kind_gradient_norm"] for d in done),
+               "norm_factor": NORM_FACTOR, "num_statistics": sum(len(d.labels) for d in done),
                "skipped_canaries": skipped, "seed": seed}
-    result = _result(name, bound, design, samples, sigma=sigma, c=c, b=b, r=r, delta=delta,
-                     significance=significance, moved=moved, setting=setting)
+    result = _result(name, bound, done, sigma=sigma, c=c, b=b, r=r, delta=delta, significance=significance,
+                     moved=moved, setting=setting)
     if run is not None:
         est = result["estimate"]
         result["run"] = _run_epsilons(run, mu_lb=bound.mu, estimate=(est["mu"], *est["mu_interval"]), sigma=sigma,
@@ -242,23 +225,23 @@ def validate_step(*, step: str | Callable[..., None], noise_multiplier: float, m
                                       significance=significance)
     result = jsonable(result)
     if out is not None:
-        _write(out, result, design, samples)
+        _write(out, result, done)
     return result
 
 
-def _result(name: str, bound, design, samples, *, sigma, c, b, r, delta, significance, moved, setting) -> dict:
+def _result(name: str, bound, done: list[_Done], *, sigma, c, b, r, delta, significance, moved, setting) -> dict:
     """The step audit's result (before the run epsilon): verdict, bound, estimates, canaries."""
     from dpaudit.audit.bounds import gdp_epsilon
     from dpaudit.audit.two_sample import gaussian_mu_estimate
 
-    chosen = design[bound.pair]
-    label = chosen.statistics.labels[bound.column]
-    estimates = [gaussian_mu_estimate(in_samples=s["in"][:, 0], out_samples=s["out"][:, 0],
-                                      confidence=1.0 - significance) for s in samples]
+    chosen = done[bound.pair].summary
+    label = done[bound.pair].labels[bound.column]
+    estimates = [gaussian_mu_estimate(in_samples=d.samples["in"][:, 0], out_samples=d.samples["out"][:, 0],
+                                      confidence=1.0 - significance) for d in done]
     claimed_mu = 1.0 / sigma
     claimed_eps, eps_lb = gdp_epsilon(mu=claimed_mu, delta=delta), gdp_epsilon(mu=bound.mu, delta=delta)
     verdict, reason = _decide(bound, claimed_mu=claimed_mu, moved=moved, repetitions=r, significance=significance,
-                              statistic=f"canary {chosen.name!r} ({chosen.recipe.description}), the projection on "
+                              statistic=f"canary {chosen['name']!r} ({chosen['description']}), the projection on "
                                         f"{label}",
                               violation=(f"the step is not the Gaussian mechanism with noise multiplier {sigma:g} and "
                                          f"clipping norm {c:g} (epsilon >= {eps_lb:.3f} against {claimed_eps:.3f} at "
@@ -270,46 +253,68 @@ def _result(name: str, bound, design, samples, *, sigma, c, b, r, delta, signifi
         "claimed_mu": claimed_mu, "repetitions": r, "delta": delta, "significance": significance,
         "confidence": 1.0 - significance, "mu_ceiling": bound.ceiling,
         "epsilon_ceiling": gdp_epsilon(mu=bound.ceiling, delta=delta),
-        "canary": chosen.name, "statistic": label, "test": bound.to_dict(),
+        "canary": chosen["name"], "statistic": label, "test": bound.to_dict(),
         "estimate": {  # assumes Gaussian projections with one variance: never a verdict
-            "canary": design[0].name, "mu": estimate, "mu_interval": [est_low, est_high],
+            "canary": done[0].summary["name"], "mu": estimate, "mu_interval": [est_low, est_high],
             "noise_multiplier": 1.0 / estimate if estimate > 0 else math.inf,
             "epsilon": gdp_epsilon(mu=max(estimate, 0.0), delta=delta) if math.isfinite(estimate) else math.inf,
             "assumes": "Gaussian projections with one variance (true for a correct Gaussian step)",
         },
-        "canaries": [{**k.summary(), "estimate": {"mu": e[0], "mu_interval": [e[1], e[2]]}}
-                     for k, e in zip(design, estimates)],
+        "canaries": [{**d.summary, "estimate": {"mu": e[0], "mu_interval": [e[1], e[2]]}} for d, e in zip(done, estimates)],
         "claim": dict(noise_multiplier=sigma, max_grad_norm=c, expected_batch_size=b),
         "setting": setting,
         "run": None,
     }
 
 
-def _write(out, result: dict, design, samples) -> None:
+def _write(out, result: dict, done: list[_Done]) -> None:
     rundir = RunDir(out)
     rundir.root.mkdir(parents=True, exist_ok=True)
-    arrays = {"canaries": np.array([k.name for k in design])}
-    for k, s in zip(design, samples):
-        arrays.update({f"in_{k.name}": s["in"], f"out_{k.name}": s["out"],
-                       f"statistics_{k.name}": np.array(k.statistics.labels)})
+    arrays = {"canaries": np.array([d.summary["name"] for d in done])}
+    for d in done:
+        arrays.update({f"in_{d.summary['name']}": d.samples["in"], f"out_{d.summary['name']}": d.samples["out"],
+                       f"statistics_{d.summary['name']}": np.array(d.labels)})
     write_npz_atomic(rundir.step_samples_path, **arrays)
     write_json_atomic(rundir.step_audit_path, {"schema_version": SCHEMA_VERSION, **result})
 
 
-def _all_projections(fn, name: str, design, batch, batch_with, *, repetitions: int, seed: int,
-                     claim: dict) -> tuple[list[dict[str, np.ndarray]], bool]:
-    """Each canary's projections (:func:`_projections`), and whether any run moved the model."""
+@dataclass
+class _Done:
+    """What is kept of a canary once its runs are done: its summary, the labels of its statistics
+    and its projections (``{"in": [R, K], "out": [R, K]}``); its model and gradient are let go."""
+
+    summary: dict
+    labels: list[str]
+    samples: dict[str, np.ndarray]
+
+
+def _run_canaries(fn, name: str, model0, batch, batch_with, max_grad_norm: float, names, *, repetitions: int,
+                  seed: int, claim: dict) -> tuple[list[_Done], bool, dict[str, str]]:
+    """Each canary in turn (:func:`dpaudit.train.step_canaries.iter_canaries`: made, run by
+    :func:`_projections`, let go), whether any run moved the model, and the skipped canaries."""
     from dpaudit.progress import Progress
 
-    bar = Progress(total=2 * repetitions * len(design), desc="step audit", unit="run")
-    try:  # independent noise seeds for the 2R runs of each canary
-        done = [_projections(fn, name, k, batch, batch_with, repetitions=repetitions, claim=claim, bar=bar,
-                             seeds=[int(seed_sequence([seed, 1], index, i).generate_state(1, np.uint64)[0] >> 1)
-                                    for i in range(2 * repetitions)])
-                for index, k in enumerate(design)]
+    row = batch_with["input_ids"][-1][batch_with["attention_mask"][-1].bool()]
+    done, moved, skipped = [], False, {}
+    bar = Progress(total=2 * repetitions * len(names or RECIPES), desc="step audit", unit="run")
+    try:
+        for index, (canary_name, canary) in enumerate(iter_canaries(model0, row, max_grad_norm=max_grad_norm,
+                                                                    names=names)):
+            if isinstance(canary, str):
+                skipped[canary_name] = canary
+                continue
+            seeds = [int(seed_sequence([seed, 1], index, i).generate_state(1, np.uint64)[0] >> 1)
+                     for i in range(2 * repetitions)]  # independent noise for each run
+            samples, its_moved = _projections(fn, name, canary, batch, batch_with, repetitions=repetitions,
+                                              seeds=seeds, claim=claim, bar=bar)
+            done.append(_Done(canary.summary(), list(canary.statistics.labels), samples))
+            moved = moved or its_moved
     finally:
         bar.close()
-    return [d[0] for d in done], any(d[1] for d in done)
+    if not done:
+        raise InputError(f"no canary could be made for this model ({'; '.join(f'{k}: {v}' for k, v in skipped.items())}"
+                         f"); a canary needs a gradient of {NORM_FACTOR:g} x C: a smaller --max-grad-norm may help")
+    return done, moved, skipped
 
 
 def _projections(fn, name: str, canary, batch, batch_with, *, repetitions: int, seeds: list[int], claim: dict,

@@ -65,8 +65,8 @@ output layer, the biases, the norm layers), and to each tensor.
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -87,7 +87,7 @@ KIND_LABELS = {"embedding": "the embeddings", "attention": "the attention weight
                "other": "the other parameters"}
 
 __all__ = ["KIND_LABELS", "NORM_FACTOR", "RECIPES", "Canary", "Recipe", "Statistics", "canary_gradient",
-           "design_canaries", "parameter_kinds"]
+           "design_canaries", "iter_canaries", "parameter_kinds"]
 
 
 @dataclass(frozen=True)
@@ -240,9 +240,8 @@ class Statistics:
     dot product per tensor: no dense direction is ever built."""
 
     def __init__(self, grads: dict[str, Tensor], kinds: dict[str, str]):
-        self.names = list(grads)
-        self._neg = [-grads[n].reshape(-1).double() for n in self.names]
-        squares = np.array([float(g.pow(2).sum()) for g in self._neg])
+        self.names, self._grads = list(grads), grads
+        squares = np.array([float(grads[n].double().pow(2).sum()) for n in self.names])
         groups = [("all parameters", [True] * len(self.names))]
         for kind, label in KIND_LABELS.items():
             groups.append((label, [kinds[n] == kind for n in self.names]))
@@ -260,7 +259,9 @@ class Statistics:
         return len(self.labels)
 
     def project(self, update: dict[str, Tensor]) -> np.ndarray:
-        dots = np.array([float(torch.dot(update[n].reshape(-1).double(), neg)) for n, neg in zip(self.names, self._neg)])
+        """The statistics of ``update`` (by parameter name), in float64."""
+        dots = np.array([-float(torch.dot(update[n].reshape(-1).double(), self._grads[n].reshape(-1).double()))
+                         for n in self.names])
         return self._weights @ dots
 
 
@@ -279,7 +280,6 @@ class Canary:
     kind_norm: float
     shares: dict[str, float]
     knob: float
-    kinds: dict[str, str] = field(repr=False, default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -291,27 +291,27 @@ class Canary:
                 "knob": {"role": self.recipe.knob, "factor": self.knob}, "num_statistics": len(self.statistics)}
 
 
-def design_canaries(model: nn.Module, row: Tensor, *, max_grad_norm: float,
-                    names: Sequence[str] | None = None) -> tuple[list[Canary], dict[str, str]]:
-    """The canaries of :data:`RECIPES` (those in ``names``, default all) for ``model`` (left
-    unchanged) and the crafted ``row`` (1-D token ids); and the skipped ones with the reason."""
+def iter_canaries(model: nn.Module, row: Tensor, *, max_grad_norm: float,
+                  names: Sequence[str] | None = None) -> Iterator[tuple[str, Canary | str]]:
+    """``(name, canary)`` for each recipe of :data:`RECIPES` (those in ``names``, default all)
+    for ``model`` (left unchanged) and the crafted ``row`` (1-D token ids), or ``(name, why
+    not)``; one at a time, so that only one perturbed copy of the model need live at once."""
     unknown = sorted(set(names or ()) - {r.name for r in RECIPES})
     if unknown:
         raise ValueError(f"unknown canaries {unknown}: expected some of {[r.name for r in RECIPES]}")
     kinds, roles = parameter_kinds(model), _roles(model, row)
-    canaries, skipped = [], {}
     for recipe in RECIPES:
-        if names is not None and recipe.name not in names:
-            continue
-        reason = _missing(recipe, kinds, roles)
-        if reason is None:
-            made = _make(recipe, model, row, kinds, roles, NORM_FACTOR * max_grad_norm)
-            reason = made if isinstance(made, str) else None
-            if reason is None:
-                canaries.append(made)
-        if reason is not None:
-            skipped[recipe.name] = reason
-    return canaries, skipped
+        if names is None or recipe.name in names:
+            reason = _missing(recipe, kinds, roles)
+            yield recipe.name, reason or _make(recipe, model, row, kinds, roles, NORM_FACTOR * max_grad_norm)
+
+
+def design_canaries(model: nn.Module, row: Tensor, *, max_grad_norm: float,
+                    names: Sequence[str] | None = None) -> tuple[list[Canary], dict[str, str]]:
+    """:func:`iter_canaries` as a list of the canaries and the skipped ones with the reason."""
+    made = list(iter_canaries(model, row, max_grad_norm=max_grad_norm, names=names))
+    return ([k for _, k in made if isinstance(k, Canary)],
+            {name: k for name, k in made if isinstance(k, str)})
 
 
 def _missing(recipe: Recipe, kinds: dict[str, str], roles: dict[str, list[str]]) -> str | None:
@@ -357,4 +357,4 @@ def _make(recipe: Recipe, model: nn.Module, row: Tensor, kinds: dict[str, str], 
     squares = _squared_by_kind(grads, kinds)
     total = sum(squares.values())
     return Canary(recipe=recipe, model=m, grads=grads, statistics=Statistics(grads, kinds), norm=float(np.sqrt(total)),
-                  kind_norm=norm, shares={k: v / total for k, v in sorted(squares.items())}, knob=knob, kinds=kinds)
+                  kind_norm=norm, shares={k: v / total for k, v in sorted(squares.items())}, knob=knob)

@@ -28,13 +28,16 @@ def _naive_pairs(pairs, significance, seed):
         for col, sign in itertools.product(range(x_in.shape[1]), (1, -1)):
             a, b = sign * h[0][:, col], sign * h[2][:, col]
             values = sorted(set(a) | set(b))
+            scored = []
             for t in [values[0] - 1.0] + [(u + v) / 2 for u, v in itertools.pairwise(values)]:
                 tp = round(float(special.ndtr((a.mean() - t) / a.std(ddof=1))) * n_in)
                 fp = round(float(special.ndtr((b.mean() - t) / b.std(ddof=1))) * n_out)
-                mu = gdp_mu_lower_bound(tp=tp, fp=fp, tn=n_out - fp, fn=n_in - tp, significance=significance)
-                key = (mu, (a.mean() - b.mean()) / max(a.std(ddof=1), b.std(ddof=1)))
-                if best is None or key > best[0]:
-                    best = (key, k, col, sign, t)
+                scored.append((gdp_mu_lower_bound(tp=tp, fp=fp, tn=n_out - fp, fn=n_in - tp,
+                                                  significance=significance), t))
+            top = [t for mu, t in scored if mu == max(m for m, _ in scored)]
+            key = (max(m for m, _ in scored), (a.mean() - b.mean()) / max(a.std(ddof=1), b.std(ddof=1)))
+            if best is None or key > best[0]:
+                best = (key, k, col, sign, top[len(top) // 2])
     _, k, col, sign, t = best
     ev_in, ev_out = halves[k][1], halves[k][3]
     tp, fp = int((sign * ev_in[:, col] > t).sum()), int((sign * ev_out[:, col] > t).sum())
