@@ -103,19 +103,6 @@ def _load_step(spec: str) -> Callable[..., None]:
     return fn
 
 
-def _check_claim(noise_multiplier, max_grad_norm, expected_batch_size, repetitions, delta) -> tuple:
-    """(S, C, B, R) checked, each positive (B and R integers, R >= 8), and delta in (0, 1)."""
-    sigma = _positive("--noise-multiplier", noise_multiplier)
-    c = _positive("--max-grad-norm", max_grad_norm)
-    b = _positive("--expected-batch-size", expected_batch_size, integer=True)
-    r = _positive("--repetitions", repetitions, integer=True)
-    if r < 8:
-        raise InputError(f"--repetitions must be at least 8 (half of the runs choose the test), got {r}")
-    if not (isinstance(delta, (int, float)) and 0 < delta < 1):
-        raise InputError(f"--delta must be in (0, 1), got {delta}")
-    return sigma, c, b, r
-
-
 # --------------------------------------------------------------------------- the setting
 
 
@@ -227,6 +214,19 @@ def validate_step(*, step: str | Callable[..., None], noise_multiplier: float, m
     if out is not None:
         _write(out, result, done)
     return result
+
+
+def _check_claim(noise_multiplier, max_grad_norm, expected_batch_size, repetitions, delta) -> tuple:
+    """(S, C, B, R) checked, each positive (B and R integers, R >= 8), and delta in (0, 1)."""
+    sigma = _positive("--noise-multiplier", noise_multiplier)
+    c = _positive("--max-grad-norm", max_grad_norm)
+    b = _positive("--expected-batch-size", expected_batch_size, integer=True)
+    r = _positive("--repetitions", repetitions, integer=True)
+    if r < 8:
+        raise InputError(f"--repetitions must be at least 8 (half of the runs choose the test), got {r}")
+    if not (isinstance(delta, (int, float)) and 0 < delta < 1):
+        raise InputError(f"--delta must be in (0, 1), got {delta}")
+    return sigma, c, b, r
 
 
 def _result(name: str, bound, done: list[_Done], *, sigma, c, b, r, delta, significance, moved, setting) -> dict:
