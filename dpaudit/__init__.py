@@ -6,11 +6,16 @@ implementation earns its claimed epsilon, and producing compliance plots.
 
 from dpaudit.version import __version__
 
-__all__ = ["__version__", "run"]
+__all__ = ["Audit", "__version__", "run"]
 
 
 def __getattr__(name: str):
-    """``dpaudit.run`` is :func:`dpaudit.stages.run`, imported on first use (it pulls in torch)."""
+    """``dpaudit.run`` is :func:`dpaudit.stages.run` and ``dpaudit.Audit`` is
+    :class:`dpaudit.wrap.Audit`, imported on first use (they pull in torch)."""
+    if name == "Audit":
+        from dpaudit.wrap import Audit
+
+        return Audit
     if name == "run":
         from dpaudit.stages import run
 

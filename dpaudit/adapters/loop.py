@@ -38,6 +38,7 @@ is not the T its loader ran, ``violated``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import time
@@ -334,6 +335,21 @@ class LoopObserver:
         self.loader, self.num_units, self.sample_rate, self.sampler = loader, n, q, sampler_name(loader)
         return LoaderTap(loader, self)
 
+    def tap_loader(self, loader) -> None:
+        """Tap ``loader`` in place (a loader already handed to a loop, such as a Hugging Face
+        ``Trainer``'s): its ``collate_fn`` adds the canary rows to each collated batch. Only a
+        loader that collates in this process (``num_workers=0``) can be tapped so."""
+        if getattr(loader, "num_workers", 0):
+            raise InputError(f"the audit taps a Trainer's loader in this process: it needs num_workers=0 (the loader "
+                             f"has {loader.num_workers}; set dataloader_num_workers=0)")
+        self.wrap_loader(loader)
+        collate = loader.collate_fn
+
+        def tapped(rows):
+            return self.on_batch(collate(rows))
+
+        loader.collate_fn = tapped
+
     def on_batch(self, batch):
         """The batch with this step's canary rows; its size and a sample of its rows recorded."""
         if not isinstance(batch, Mapping) or "input_ids" not in batch or not torch.is_tensor(batch["input_ids"]):
@@ -373,6 +389,9 @@ class LoopObserver:
             raise InputError("this optimizer is wrapped already: wrap the loop's optimizer once")
         if self.optimizer is not None:
             raise InputError("the audit wraps one optimizer already: one Audit audits one training loop")
+        while not isinstance(optimizer, _dp_optimizer_classes()[0]) and isinstance(
+                getattr(optimizer, "optimizer", None), torch.optim.Optimizer):
+            optimizer = optimizer.optimizer  # accelerate's AcceleratedOptimizer (a Trainer's) around the user's
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise InputError(f"wrap_optimizer takes a torch optimizer (Opacus's DPOptimizer is one), got "
                              f"{type(optimizer).__name__}")
@@ -494,6 +513,21 @@ class LoopObserver:
 
     # -- evaluation -----------------------------------------------------------------
 
+    @contextlib.contextmanager
+    def at_start(self):
+        """Inside the block the optimizer's parameters hold their values of when it was
+        wrapped (the model the loop started from); their values now are put back after."""
+        now = [p.detach().clone() for p in self._params]
+        try:
+            with torch.no_grad():
+                for i, p in enumerate(self._params):
+                    p.copy_(self._before[i].to(p.device))
+            yield
+        finally:
+            with torch.no_grad():
+                for p, value in zip(self._params, now):
+                    p.copy_(value)
+
     def evaluations(self, model, *, members: Sequence[torch.Tensor], heldout: Sequence[torch.Tensor]
                     ) -> list[dict[str, Any]]:
         """The loss of the member and the held-out rows before training (the optimizer's
@@ -513,16 +547,8 @@ class LoopObserver:
             return out
 
         final = losses()
-        now = [p.detach().clone() for p in self._params]
-        try:
-            with torch.no_grad():
-                for i, p in enumerate(self._params):
-                    p.copy_(self._before[i].to(p.device))
+        with self.at_start():
             initial = losses()
-        finally:
-            with torch.no_grad():
-                for p, value in zip(self._params, now):
-                    p.copy_(value)
         return [{"step": 0, **initial, "elapsed_s": 0.0}, {"step": self.steps, **final}]
 
 

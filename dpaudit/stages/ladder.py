@@ -63,10 +63,19 @@ def ladder_run(rundir: RunDir, config: Config, *, run: Callable[..., Any]) -> No
     names = [n for n, r in records.items() if r is not None and r.private and read_ladder(rundir.model(n)) is None]
     if not names:
         return
-    twin = _train_twins(rundir, config, {n: records[n] for n in names}, run=run)
+    from dpaudit.plugins import load_trainer
+
+    # a trainer that cannot be rerun (a user's own loop, dpaudit.Audit) has no twin: its white-box
+    # rung is its own run's gradient canaries
+    rerun = [n for n in names if getattr(load_trainer(config.for_model(n).train.trainer), "reruns", True)]
+    twin = _train_twins(rundir, config, {n: records[n] for n in rerun}, run=run) if rerun else None
     twin_cfg = twin.read_config() if twin is not None else None
     for name in names:
-        rungs = [released_rung(rundir, config, name, records[name]), *_twin_rungs(twin, twin_cfg, name)]
+        own = [] if name in rerun else [
+            Rung(rung="input_space", bound=None, attack=None, significance=None, ideal=None, ideal_range=None,
+                 num_canaries=0, regime={}, refused="the model's trainer cannot be rerun as an isolated twin"),
+            white_box_rung(rundir, config, name)]
+        rungs = [released_rung(rundir, config, name, records[name]), *(own or _twin_rungs(twin, twin_cfg, name))]
         write_ladder(rundir.model(name), rungs)
         log.info("ladder of %s: %s", name, ", ".join(
             f"{r.rung} {r.epsilon:.2f} (ideal {r.ideal:.2f})" if r.bound is not None else f"{r.rung} refused"
