@@ -133,12 +133,15 @@ class Audit:
             raise InputError(f"finish() takes the trained Hugging Face model, got {type(model).__name__}")
         obs = self._observer
         members = obs.member_rows()
-        texts = [tokenizer.decode(row, skip_special_tokens=True) for row in members]
-        candidates = [{"text": t, "unit_id": f"member-{i:05d}", "role": "member"} for i, t in enumerate(texts) if t]
-        candidates += [{"text": t, "unit_id": f"heldout-{i:05d}", "role": "heldout"} for i, t in enumerate(self.heldout)]
         import torch
 
-        heldout_rows = rows_of_texts(tokenizer, self.heldout, max_length=self.max_length)
+        # the held-out texts cut as the loop's rows were (at their longest), so that length tells no member apart
+        longest = max((len(r) for r in members), default=self.max_length)
+        heldout_rows = rows_of_texts(tokenizer, self.heldout, max_length=min(longest, self.max_length))
+        candidates = [{"text": tokenizer.decode(row, skip_special_tokens=True), "unit_id": f"{role}-{i:05d}",
+                       "role": role} for role, rows in (("member", members), ("heldout", heldout_rows))
+                      for i, row in enumerate(rows)]
+        candidates = [c for c in candidates if c["text"]]
         log = obs.evaluations(model, members=[torch.as_tensor(r, dtype=torch.long) for r in members],
                               heldout=heldout_rows)
         record = obs.training_record(log_rows=log)

@@ -30,6 +30,8 @@ rows = [tokenizer(t, truncation=True, max_length=64) for t in train_texts]
 def collate(batch):
     batch = tokenizer.pad(batch, return_tensors="pt")
     batch["labels"] = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
+    # GPT-2 broadcasts (1, L) position ids; Opacus's per-sample gradients need them per row
+    batch["position_ids"] = torch.arange(batch["input_ids"].shape[1]).expand_as(batch["input_ids"])
     return batch
 
 
@@ -49,9 +51,6 @@ optimizer = audit.wrap_optimizer(optimizer)  # --- dpaudit: gradient canaries be
 model.train()
 for epoch in range(EPOCHS):
     for batch in loader:
-        # GPT-2 broadcasts (1, L) position ids; Opacus's per-sample gradients need them per row
-        length = batch["input_ids"].shape[1]
-        batch["position_ids"] = torch.arange(length).expand(len(batch["input_ids"]), length)
         loss = model(**batch).loss
         loss.backward()
         optimizer.step()

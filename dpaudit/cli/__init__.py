@@ -11,6 +11,7 @@ and warnings go to stderr.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -41,7 +42,12 @@ def main(argv: list[str] | None = None) -> int:
 
         quiet_libraries()
     try:
-        return args.handler(args)
+        if not getattr(args, "json", False):
+            return args.handler(args)
+        # --json: stdout holds the one JSON object; whatever a plug-in or a user's loop prints goes to stderr
+        args.stdout = sys.stdout
+        with contextlib.redirect_stdout(sys.stderr):
+            return args.handler(args)
     except InputError as err:
         print(f"dpaudit {args.command}: error: {err}", file=sys.stderr)
         return ExitCode.USAGE

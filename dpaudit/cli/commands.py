@@ -16,7 +16,7 @@ from dpaudit.errors import ExitCode, InputError
 
 def _emit(args: argparse.Namespace, obj: dict, text: str) -> None:
     """One JSON object on stdout with --json, else the human summary."""
-    print(json.dumps(obj, indent=2) if args.json else text)
+    print(json.dumps(obj, indent=2) if args.json else text, file=getattr(args, "stdout", None) or sys.stdout)
 
 
 # --------------------------------------------------------------------------- commands
