@@ -132,6 +132,9 @@ class Audit:
         if not hasattr(model, "save_pretrained"):
             raise InputError(f"finish() takes the trained Hugging Face model, got {type(model).__name__}")
         obs = self._observer
+        if obs.loader is None or obs.optimizer is None or not obs.steps:
+            raise InputError("finish() needs a trained loop: wrap its loader and optimizer (audit.wrap_loader, "
+                             "audit.wrap_optimizer, or audit.callback() for a Trainer) and train before finishing")
         members = obs.member_rows()
         import torch
 

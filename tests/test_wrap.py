@@ -1,0 +1,253 @@
+"""dpaudit.Audit: a user's own loop (Opacus make_private, a Hugging Face Trainer) audited as it
+is; the documented examples (docs/examples/) run at tiny size; faults flagged; --json clean."""
+
+from __future__ import annotations
+
+import json
+import runpy
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("opacus")
+
+import torch  # noqa: E402
+from opacus import PrivacyEngine  # noqa: E402
+from torch.utils.data import DataLoader  # noqa: E402
+
+import dpaudit  # noqa: E402
+from dpaudit.cli import main  # noqa: E402
+from dpaudit.errors import InputError  # noqa: E402
+from dpaudit.rundir import RunDir  # noqa: E402
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "docs" / "examples"
+EPSILON, DELTA = 4.0, 1e-5
+
+
+@pytest.fixture(autouse=True)
+def _one_thread(one_torch_thread):
+    yield
+
+
+def _example(name: str, out: Path, monkeypatch) -> Path:
+    monkeypatch.setenv("OUT", str(out))
+    runpy.run_path(str(EXAMPLES / name), run_name="__main__")
+    return out
+
+
+def _preregistered(monkeypatch, fraction=0.2):
+    """The white-box rung's guess fraction fixed in advance instead of chosen by simulating the
+    claim (a minute of PLD accounting on a CPU; tested with the ladder): still a choice that
+    depends on no score, so the rung's bound stays sound."""
+    import dpaudit.audit.ladder
+
+    monkeypatch.setattr(dpaudit.audit.ladder, "choose_guess_fraction", lambda **kw: fraction)
+
+
+def _json(capsys, argv) -> tuple[int, dict]:
+    code = main(argv)
+    out = capsys.readouterr().out
+    return code, json.loads(out)  # exactly one JSON object: anything else fails to parse
+
+
+def _model_report(report) -> dict:
+    (model,) = report["models"]
+    return model
+
+
+# --------------------------------------------------------------------------- the ways in
+
+
+@pytest.fixture(scope="module")
+def opacus_run(tmp_path_factory):
+    mp = pytest.MonkeyPatch()
+    try:
+        yield _example("opacus_loop.py", tmp_path_factory.mktemp("opacus") / "run", mp)
+    finally:
+        mp.undo()
+
+
+def test_opacus_make_private_loop_gets_a_verdict_through_audit(opacus_run, capsys, monkeypatch):
+    """The documented Opacus loop, no plug-in: attack and report on its run directory give the
+    verdict and the rungs; the correct loop is not violated, and its white-box rung ran."""
+    checks = json.loads((opacus_run / "models/loop/train_checks.json").read_text())
+    assert checks["ok"] and checks["sampler"] == "poisson" and checks["noise"]["consistent"]
+    _preregistered(monkeypatch)
+    code, attacked = _json(capsys, ["attack", str(opacus_run), "--attacks", "loss,reference", "--json"])
+    assert code == 0 and "loop" in attacked["models"]
+    code, report = _json(capsys, ["report", str(opacus_run), "--json"])
+    model = _model_report(report)
+    assert model["verdict"]["status"] in ("consistent", "inconclusive") and code in (0, 3), model["verdict"]
+    rungs = {r["rung"]: r for r in model["rungs"]}
+    assert rungs["input_space"]["refused"] and rungs["white_box"]["epsilon"] is not None
+    assert rungs["white_box"]["epsilon"] < EPSILON
+    assert (opacus_run / "report.html").is_file()
+
+
+def test_hf_trainer_with_opacus_gets_a_verdict_through_the_callback(tmp_path, monkeypatch, capsys):
+    run = _example("hf_trainer.py", tmp_path / "run", monkeypatch)
+    record = json.loads((run / "models/loop/dp_event.json").read_text())
+    checks = json.loads((run / "models/loop/train_checks.json").read_text())
+    assert checks["ok"] and checks["steps"]["consistent"] and checks["noise"]["consistent"]
+    assert record["steps"] == checks["batch_size"]["steps"] > 0 and record["target_epsilon"] == EPSILON
+    # the rungs' verdict without the white-box simulation (it is the Opacus loop's test's)
+    (run / "models/loop/gradient_canaries.npz").unlink()
+    from dpaudit.stages import attack_run
+    from dpaudit.stages.report import build_report
+
+    attack_run(run, attacks=["loss"], extract=False)
+    model = _model_report(build_report(run))
+    assert model["verdict"]["status"] in ("consistent", "inconclusive"), model["verdict"]
+
+
+# --------------------------------------------------------------------------- faults
+
+
+def _tiny(num_patients=60, max_length=24):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from dpaudit.data.corpus import load_corpus
+    from dpaudit.data.tokenizer import train_tokenizer
+
+    notes = load_corpus(source="clinical", num_patients=num_patients, seed=0)["text"]
+    tokenizer = train_tokenizer(notes, vocab_size=300)
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=len(tokenizer), n_layer=1, n_embd=32, n_head=2, n_positions=64,
+                                       bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id))
+    rows = [tokenizer(t, truncation=True, max_length=max_length) for t in notes[: len(notes) // 2]]
+
+    def collate(batch):
+        batch = tokenizer.pad(batch, return_tensors="pt")
+        batch["labels"] = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
+        batch["position_ids"] = torch.arange(batch["input_ids"].shape[1]).expand_as(batch["input_ids"])
+        return batch
+
+    return model, tokenizer, rows, collate, notes[len(notes) // 2:][:20]
+
+
+def _loop(out: Path, *, claim: dict, shuffle=False, noise_scale=1.0, epochs=2, batch_size=16, gradient_canaries=0,
+          canaries=8, **tiny):
+    """A user's Opacus loop (make_private), wrapped; returns the run directory."""
+    from dpaudit import accounting
+
+    model, tokenizer, rows, collate, heldout = _tiny(**tiny)
+    loader = DataLoader(rows, batch_size=batch_size, collate_fn=collate, shuffle=shuffle, drop_last=shuffle)
+    q, steps = batch_size / len(rows), epochs * (len(rows) // batch_size)
+    sigma = accounting.noise_multiplier(target_epsilon=EPSILON, sample_rate=q, steps=steps, delta=DELTA)
+    model, optimizer, loader = PrivacyEngine().make_private(
+        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.5), data_loader=loader,
+        noise_multiplier=sigma * noise_scale, max_grad_norm=1.0, poisson_sampling=not shuffle)
+    audit = dpaudit.Audit(claim=claim, out=out, tokenizer=tokenizer, heldout=heldout, canaries=canaries,
+                          gradient_canaries=gradient_canaries)
+    loader, optimizer = audit.wrap_loader(loader), audit.wrap_optimizer(optimizer)
+    for _ in range(epochs):
+        for batch in loader:
+            model(**batch).loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    return audit.finish(model, tokenizer)
+
+
+def _verdict(run: Path) -> dict:
+    from dpaudit.stages import attack_run
+    from dpaudit.stages.report import build_report
+
+    attack_run(run, attacks=["loss"], extract=False)
+    return _model_report(build_report(run))
+
+
+def test_shuffled_loader_is_flagged(tmp_path):
+    """Fixed-size shuffled batches accounted as Poisson: the variance test of Binomial(N, q) fails."""
+    run = _loop(tmp_path / "run", claim=dict(epsilon=EPSILON, delta=DELTA), shuffle=True, epochs=8, batch_size=12,
+                num_patients=90, max_length=16)
+    checks = json.loads((run / "models/loop/train_checks.json").read_text())
+    assert checks["batch_size"]["consistent"] is False and checks["ok"] is False
+    assert checks["sampler"] != "poisson"
+    model = _verdict(run)
+    assert model["verdict"]["status"] == "violated" and "batch_size" in model["verdict"]["reason"]
+
+
+def test_step_count_that_disagrees_with_the_claim_is_flagged(tmp_path):
+    run = _loop(tmp_path / "run", claim=dict(epsilon=EPSILON, delta=DELTA, steps=50))
+    checks = json.loads((run / "models/loop/train_checks.json").read_text())
+    assert checks["batch_size"]["steps"] != 50
+    model = _verdict(run)
+    assert model["verdict"]["status"] == "violated" and "50 steps" in model["verdict"]["reason"]
+
+
+def test_noise_scaled_down_is_violated_by_the_white_box_rung(tmp_path, monkeypatch):
+    """Soundness's other side: a tenth of the noise, claimed as the full epsilon. The gradient
+    canaries go through the optimizer's own add_noise, so the white-box rung's bound exceeds
+    the claim (the correct loop's stays below it: the Opacus loop's test)."""
+    run = _loop(tmp_path / "run", claim=dict(epsilon=EPSILON, delta=DELTA), noise_scale=0.1, gradient_canaries=2000)
+    checks = json.loads((run / "models/loop/train_checks.json").read_text())
+    assert checks["noise"]["enough"] is False  # the optimizer's noise multiplier says it too
+    _preregistered(monkeypatch)
+    model = _verdict(run)
+    rungs = {r["rung"]: r for r in model["rungs"]}
+    assert rungs["white_box"]["epsilon"] > EPSILON
+    assert model["verdict"]["status"] == "violated"
+
+
+def test_a_loop_without_noise_is_flagged(tmp_path):
+    """A plain torch optimizer under a DP claim: no noise added, said by the noise check."""
+    model, tokenizer, rows, collate, heldout = _tiny()
+    audit = dpaudit.Audit(claim=dict(epsilon=EPSILON, delta=DELTA, sample_rate=0.25), out=tmp_path / "run",
+                          tokenizer=tokenizer, heldout=heldout, canaries=8)
+    loader = audit.wrap_loader(DataLoader(rows, batch_size=16, collate_fn=collate))
+    optimizer = audit.wrap_optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    for batch in loader:
+        model(**batch).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    run = audit.finish(model)
+    checks = json.loads((run / "models/loop/train_checks.json").read_text())
+    assert checks["noise"]["optimizer_noise_multiplier"] == 0 and not checks["noise"]["consistent"]
+    assert not checks["ok"]
+
+
+def test_bad_input_is_one_clear_value_error(tmp_path):
+    from transformers import PreTrainedTokenizerFast  # noqa: F401
+
+    _, tokenizer, *_ = _tiny(num_patients=10)
+    cases = [(dict(claim=dict(epsilon=4)), "delta"), (dict(claim=dict(epsilon=-1, delta=1e-5)), "epsilon"),
+             (dict(claim=dict(epsilon=4, delta=1e-5, unit="user")), "unit"),
+             (dict(claim=dict(epsilon=4, delta=1e-5), canary_set="new_token"), "new_token"),
+             (dict(claim=dict(epsilon=4, delta=1e-5), canaries=0), "canaries")]
+    for kwargs, needle in cases:
+        with pytest.raises(ValueError, match=needle):
+            dpaudit.Audit(out=tmp_path / "run", tokenizer=tokenizer, **kwargs)
+    with pytest.raises(TypeError):
+        dpaudit.Audit(dict(epsilon=4, delta=1e-5), tmp_path / "run")  # keyword-only
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("x")
+    with pytest.raises(InputError, match="force=True"):
+        dpaudit.Audit(claim=dict(epsilon=4, delta=1e-5), out=tmp_path / "full", tokenizer=tokenizer)
+    audit = dpaudit.Audit(claim=dict(epsilon=4, delta=1e-5), out=tmp_path / "run", tokenizer=tokenizer)
+    with pytest.raises(InputError, match="wrap_loader"):
+        audit.finish(_tiny(num_patients=10)[0])
+
+
+# --------------------------------------------------------------------------- --json
+
+
+PRINTING_STEP = '''
+from dpaudit.train import dpsgd_step
+
+
+def step(model, batch, *, generator):
+    print("epsilon so far: 1.23")  # what a user's code prints
+    dpsgd_step(model, batch, generator=generator, noise_multiplier=1.0, max_grad_norm=1.0, expected_batch_size=4)
+'''
+
+
+def test_json_stdout_holds_one_object_when_a_plugin_prints(tmp_path, monkeypatch, capsys):
+    (tmp_path / "printing_step.py").write_text(PRINTING_STEP)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code = main(["validate", "--step", "printing_step:step", "--noise-multiplier", "1.0", "--max-grad-norm", "1.0",
+                 "--expected-batch-size", "4", "--repetitions", "8", "--out", str(tmp_path / "run"), "--json"])
+    captured = capsys.readouterr()
+    result = json.loads(captured.out)
+    assert result["verdict"] in ("consistent", "inconclusive") and code in (0, 3)
+    assert "epsilon so far" in captured.err and "epsilon so far" not in captured.out
+    assert RunDir(tmp_path / "run").root.is_dir()
