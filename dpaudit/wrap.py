@@ -122,7 +122,7 @@ class Audit:
         and the trained ``model`` (an Opacus ``GradSampleModule`` is unwrapped); returns its
         path. The optimizer works untapped afterwards."""
         from dpaudit.adapters.loop import USER_LOOP, rows_of_texts
-        from dpaudit.stages.wrapped import write_wrapped_run, wrapped_config
+        from dpaudit.stages.wrapped import wrapped_config, write_wrapped_run
 
         if self.run_dir is not None:
             raise InputError(f"this audit is finished already (its run is {self.run_dir})")

@@ -11,14 +11,14 @@ import pytest
 
 pytest.importorskip("opacus")
 
-import torch  # noqa: E402
-from opacus import PrivacyEngine  # noqa: E402
-from torch.utils.data import DataLoader  # noqa: E402
+import torch
+from opacus import PrivacyEngine
+from torch.utils.data import DataLoader
 
-import dpaudit  # noqa: E402
-from dpaudit.cli import main  # noqa: E402
-from dpaudit.errors import InputError  # noqa: E402
-from dpaudit.rundir import RunDir  # noqa: E402
+import dpaudit
+from dpaudit.cli import main
+from dpaudit.errors import InputError
+from dpaudit.rundir import RunDir
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "docs" / "examples"
 EPSILON, DELTA = 4.0, 1e-5
@@ -231,23 +231,19 @@ def test_bad_input_is_one_clear_value_error(tmp_path):
 # --------------------------------------------------------------------------- --json
 
 
-PRINTING_STEP = '''
-from dpaudit.train import dpsgd_step
-
-
-def step(model, batch, *, generator):
-    print("epsilon so far: 1.23")  # what a user's code prints
-    dpsgd_step(model, batch, generator=generator, noise_multiplier=1.0, max_grad_norm=1.0, expected_batch_size=4)
-'''
-
-
 def test_json_stdout_holds_one_object_when_a_plugin_prints(tmp_path, monkeypatch, capsys):
-    (tmp_path / "printing_step.py").write_text(PRINTING_STEP)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    code = main(["validate", "--step", "printing_step:step", "--noise-multiplier", "1.0", "--max-grad-norm", "1.0",
+    """The documented step plug-in (docs/examples/my_step.py), which prints."""
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    code = main(["validate", "--step", "my_step:step", "--noise-multiplier", "1.0", "--max-grad-norm", "1.0",
                  "--expected-batch-size", "4", "--repetitions", "8", "--out", str(tmp_path / "run"), "--json"])
     captured = capsys.readouterr()
     result = json.loads(captured.out)
     assert result["verdict"] in ("consistent", "inconclusive") and code in (0, 3)
-    assert "epsilon so far" in captured.err and "epsilon so far" not in captured.out
+    assert "DP-SGD step" in captured.err and "DP-SGD step" not in captured.out
     assert RunDir(tmp_path / "run").root.is_dir()
+
+
+def test_the_guide_shows_each_example_as_it_is_tested():
+    guide = (EXAMPLES.parent / "your-training-loop.md").read_text()
+    for name in ("my_step.py", "opacus_loop.py", "hf_trainer.py"):
+        assert (EXAMPLES / name).read_text().strip() in guide, f"docs/your-training-loop.md lacks {name} as it is"
