@@ -206,6 +206,24 @@ def test_a_loop_without_noise_is_flagged(tmp_path):
     assert not checks["ok"]
 
 
+def test_a_plain_hf_trainer_is_tapped_and_flagged(tmp_path):
+    """A Trainer's own loader (accelerate's DataLoaderShard) and AdamW, no DP: the callback taps
+    both (every batch seen, one per step), and the noise check says no noise was added."""
+    from transformers import Trainer, TrainingArguments
+
+    model, tokenizer, rows, collate, heldout = _tiny()
+    audit = dpaudit.Audit(claim=dict(epsilon=EPSILON, delta=DELTA), out=tmp_path / "run", tokenizer=tokenizer,
+                          heldout=heldout, canaries=8)
+    args = TrainingArguments(output_dir=str(tmp_path / "hf"), num_train_epochs=1, per_device_train_batch_size=8,
+                             report_to=[], use_cpu=True, save_strategy="no", logging_strategy="no", disable_tqdm=True)
+    Trainer(model=model, args=args, train_dataset=[dict(r) for r in rows], data_collator=collate,
+            callbacks=[audit.callback()]).train()
+    run = audit.finish(model)
+    checks = json.loads((run / "models/loop/train_checks.json").read_text())
+    assert checks["steps"]["loader_batches"] == checks["steps"]["optimizer_steps"] > 0
+    assert checks["noise"]["optimizer_noise_multiplier"] == 0 and not checks["ok"]
+
+
 def test_bad_input_is_one_clear_value_error(tmp_path):
     from transformers import PreTrainedTokenizerFast  # noqa: F401
 

@@ -256,9 +256,10 @@ def loader_sample_rate(loader, num_units: int) -> float | None:
         q = getattr(obj, "sample_rate", None)
         if isinstance(q, (int, float)) and not isinstance(q, bool) and 0 < q <= 1:
             return float(q)
-    batch = getattr(loader, "batch_size", None)
-    if isinstance(batch, int) and batch > 0:
-        return min(1.0, batch / num_units)
+    for obj in (loader, getattr(loader, "batch_sampler", None)):
+        batch = getattr(obj, "batch_size", None)
+        if isinstance(batch, int) and batch > 0:
+            return min(1.0, batch / num_units)
     return None
 
 
@@ -343,12 +344,13 @@ class LoopObserver:
             raise InputError(f"the audit taps a Trainer's loader in this process: it needs num_workers=0 (the loader "
                              f"has {loader.num_workers}; set dataloader_num_workers=0)")
         self.wrap_loader(loader)
-        collate = loader.collate_fn
+        target = getattr(loader, "base_dataloader", loader)  # accelerate's DataLoaderShard iterates its base loader
+        collate = target.collate_fn
 
         def tapped(rows):
             return self.on_batch(collate(rows))
 
-        loader.collate_fn = tapped
+        target.collate_fn = tapped
 
     def on_batch(self, batch):
         """The batch with this step's canary rows; its size and a sample of its rows recorded."""
