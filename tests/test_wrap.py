@@ -204,6 +204,8 @@ def test_a_loop_without_noise_is_flagged(tmp_path):
     checks = json.loads((run / "models/loop/train_checks.json").read_text())
     assert checks["noise"]["optimizer_noise_multiplier"] == 0 and not checks["noise"]["consistent"]
     assert not checks["ok"]
+    verdict = _verdict(run)["verdict"]
+    assert verdict["status"] == "violated" and "noise)" in verdict["reason"]
 
 
 def test_a_plain_hf_trainer_is_tapped_and_flagged(tmp_path):
