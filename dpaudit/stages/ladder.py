@@ -18,7 +18,9 @@ jointly (:mod:`dpaudit.audit.ladder`):
   refused when their inclusions do not follow the claimed sampler.
 
 The twins are a run of their own in ``RUN/ladder/`` (resumable like any run); the rungs go
-to ``models/NAME/ladder.json``.
+to ``models/NAME/ladder.json``. A model whose trainer the toolkit cannot rerun (a user's own
+loop, :class:`dpaudit.Audit`: ``reruns = False``) has no twin: its ``input_space`` rung is
+refused and its ``white_box`` rung is its own run's gradient canaries.
 """
 
 from __future__ import annotations
@@ -63,23 +65,31 @@ def ladder_run(rundir: RunDir, config: Config, *, run: Callable[..., Any]) -> No
     names = [n for n, r in records.items() if r is not None and r.private and read_ladder(rundir.model(n)) is None]
     if not names:
         return
-    from dpaudit.plugins import load_trainer
-
-    # a trainer that cannot be rerun (a user's own loop, dpaudit.Audit) has no twin: its white-box
-    # rung is its own run's gradient canaries
-    rerun = [n for n in names if getattr(load_trainer(config.for_model(n).train.trainer), "reruns", True)]
+    rerun = [n for n in names if _reruns(config.for_model(n).train.trainer)]
     twin = _train_twins(rundir, config, {n: records[n] for n in rerun}, run=run) if rerun else None
     twin_cfg = twin.read_config() if twin is not None else None
     for name in names:
         own = [] if name in rerun else [
             Rung(rung="input_space", bound=None, attack=None, significance=None, ideal=None, ideal_range=None,
-                 num_canaries=0, regime={}, refused="the model's trainer cannot be rerun as an isolated twin"),
+                 num_canaries=0, regime={}, refused="the model's trainer (a user's own loop) cannot be rerun as an isolated twin"),
             white_box_rung(rundir, config, name)]
         rungs = [released_rung(rundir, config, name, records[name]), *(own or _twin_rungs(twin, twin_cfg, name))]
         write_ladder(rundir.model(name), rungs)
         log.info("ladder of %s: %s", name, ", ".join(
             f"{r.rung} {r.epsilon:.2f} (ideal {r.ideal:.2f})" if r.bound is not None else f"{r.rung} refused"
             for r in rungs))
+
+
+def _reruns(trainer: str) -> bool:
+    """Whether the toolkit can run ``trainer`` again, for a twin. A user's own loop
+    (:class:`dpaudit.Audit`, ``reruns = False``) cannot: its white-box rung is its own run's
+    gradient canaries. A trainer that does not import now fails in its twin run, as before."""
+    from dpaudit.plugins import load_trainer
+
+    try:
+        return bool(getattr(load_trainer(trainer), "reruns", True))
+    except Exception:  # noqa: BLE001 - the twin run reports it
+        return True
 
 
 # --------------------------------------------------------------------------- the twins
