@@ -127,7 +127,9 @@ class Audit:
         if self.run_dir is not None:
             raise InputError(f"this audit is finished already (its run is {self.run_dir})")
         tokenizer = self.tokenizer if tokenizer is None else tokenizer
-        while hasattr(model, "_module") and not hasattr(model, "save_pretrained"):
+        import torch
+
+        while isinstance(getattr(model, "_module", None), torch.nn.Module):
             model = model._module  # Opacus's GradSampleModule around the user's model
         if not hasattr(model, "save_pretrained"):
             raise InputError(f"finish() takes the trained Hugging Face model, got {type(model).__name__}")
@@ -136,8 +138,6 @@ class Audit:
             raise InputError("finish() needs a trained loop: wrap its loader and optimizer (audit.wrap_loader, "
                              "audit.wrap_optimizer, or audit.callback() for a Trainer) and train before finishing")
         members = obs.member_rows()
-        import torch
-
         # the held-out texts cut as the loop's rows were (at their longest), so that length tells no member apart
         longest = max((len(r) for r in members), default=self.max_length)
         heldout_rows = rows_of_texts(tokenizer, self.heldout, max_length=min(longest, self.max_length))
