@@ -2,6 +2,7 @@
 
     python benchmarks/bench_audit_power.py --run RUN [--run RUN ...] [--json]
     python benchmarks/bench_audit_power.py --seeds 3 --out DIR [--json]
+    python benchmarks/bench_audit_power.py --run RUN --ladder-seeds 3 [--json]
 
 Reads the ladder (``report.json``: ``models[i].rungs``) of finished ``dpaudit run``s, or first
 trains the default demo (``dpaudit run``, its ladder on) with the seeds 0 .. N-1 into
@@ -9,7 +10,12 @@ trains the default demo (``dpaudit run``, its ladder on) with the seeds 0 .. N-1
 range), its ratio to the accountant's epsilon and to the rung's own ideal (the median bound
 of the same tests on the ideal scores of the rung's regime, a perfect attack on a run that
 keeps the claim: ``dpaudit.audit.ladder``; the report's ``rungs[].ideal``), then the goals,
-each with the figures that meet it or not:
+each with the figures that meet it or not. ``--ladder-seeds K`` adds, for each ``--run``, K - 1
+copies of it (hard links, ``RUN-ladder-seed-S``) whose ladder alone is redone with seed S: the
+twins' training, their canaries and the gradient canaries' noise are drawn again, the released
+models are the run's own (their rung does not change).
+
+The goals:
 
 - the strongest rung reaches at least 0.45 at epsilon 1, 2.4 at epsilon 4, and 0.6 epsilon at
   the largest epsilon whose claim is testable;
@@ -41,6 +47,36 @@ def train(seeds: int, out: Path) -> list[Path]:
         result = dpaudit.run(load_config("demo", overrides=[f"seed={seed}"]), out=out / f"seed-{seed}")
         runs.append(result.rundir.root)
     return runs
+
+
+def reseed_ladders(run: Path, seeds: int) -> list[Path]:
+    """``seeds - 1`` copies of the finished run ``run`` with the ladder redone at seeds 1 ..
+    seeds-1 (resumed where a copy is complete)."""
+    import dataclasses
+    import shutil
+    import subprocess
+
+    from dpaudit.rundir import RunDir
+    from dpaudit.stages import run as run_stage
+    from dpaudit.stages.ladder import TWIN_DIR, ladder_run
+    from dpaudit.stages.report import build_report
+
+    copies = []
+    for seed in range(1, seeds):
+        copy = run.parent / f"{run.name}-ladder-seed-{seed}"
+        if not (copy / "report.json").is_file():
+            shutil.rmtree(copy, ignore_errors=True)
+            subprocess.run(["cp", "-al", str(run), str(copy)], check=True)
+            shutil.rmtree(copy / TWIN_DIR, ignore_errors=True)
+            (copy / "report.json").unlink()
+            rundir = RunDir(copy)
+            config = rundir.read_config()
+            for name in config.model_names():
+                rundir.model(name).ladder_path.unlink(missing_ok=True)
+            ladder_run(rundir, dataclasses.replace(config, seed=seed), run=run_stage)
+            build_report(rundir)
+        copies.append(copy)
+    return copies
 
 
 def collect(runs: list[Path]) -> dict[str, dict]:
@@ -106,6 +142,7 @@ def main() -> None:
     parser.add_argument("--run", type=Path, action="append", default=[], help="a finished run directory (repeatable)")
     parser.add_argument("--seeds", type=int, help="train the demo with this many seeds first")
     parser.add_argument("--out", type=Path, help="where --seeds trains (DIR/seed-K)")
+    parser.add_argument("--ladder-seeds", type=int, help="redo each run's ladder with this many seeds in all")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if args.seeds:
@@ -114,6 +151,8 @@ def main() -> None:
         args.run += train(args.seeds, args.out)
     if not args.run:
         parser.error("give --run RUN (repeatable) or --seeds N --out DIR")
+    if args.ladder_seeds:
+        args.run += [c for r in list(args.run) for c in reseed_ladders(r, args.ladder_seeds)]
     models = collect(args.run)
     checked = goals(models)
     if args.json:
