@@ -94,11 +94,20 @@ def cmd_audit_model(args: argparse.Namespace) -> int:
 
     if args.batch_size <= 0 or args.max_length <= 0:
         raise InputError("--batch-size and --max-length must be positive")
+    given = [f for f, v in (("--reference-base", args.reference_base), ("--reference-config", args.reference_config),
+                            ("--reference-design", args.reference_design)) if v is not None]
+    if given and not args.train_references:
+        raise InputError(f"{', '.join(given)} go with --train-references N")
     audit_model(
         args.model_dir,
         members=args.members,
         nonmembers=args.nonmembers,
         reference_models=args.reference_models,
+        population=args.population,
+        train_references=args.train_references,
+        reference_base=args.reference_base,
+        reference_config=args.reference_config,
+        reference_design=args.reference_design or "online",
         out=args.out,
         attacks=_attack_names(args.attacks),
         batch_size=args.batch_size,
