@@ -114,9 +114,28 @@ def cmd_audit_model(args: argparse.Namespace) -> int:
         max_length=args.max_length,
         device=args.device,
         trust_remote_code=args.trust_remote_code,
+        choose=_ask_references if sys.stdin.isatty() and sys.stderr.isatty() else None,
     )
     report = build_report(args.out, include_texts=args.include_texts)
     return _finish_audit(args, Path(args.out), report)
+
+
+def _ask_references(estimate, n: int) -> int | None:
+    """On a terminal, after the cost line: how many reference models to train (Enter: ``n``;
+    a smaller number; q: stop). The prompt goes to stderr, so that stdout keeps its JSON."""
+    hint = f" (e.g. {estimate.smaller})" if estimate.smaller else ""
+    while True:
+        print(f"dpaudit audit-model: train {n} reference models? [Enter: {n}, a smaller number{hint}, q: stop] ",
+              end="", file=sys.stderr, flush=True)
+        answer = sys.stdin.readline()
+        if not answer or answer.strip().lower() in ("q", "quit", "n", "no"):
+            return None
+        answer = answer.strip()
+        if not answer or answer.lower() in ("y", "yes"):
+            return n
+        if answer.isdigit() and 1 <= int(answer) <= n:
+            return int(answer)
+        print(f"dpaudit audit-model: a number from 1 to {n}, Enter or q", file=sys.stderr)
 
 
 def cmd_validate(args: argparse.Namespace) -> int:

@@ -9,8 +9,10 @@ so the same report reads it. No DP claim is known for such a model: its privacy 
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from collections.abc import Sequence
+import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +100,7 @@ def audit_model(
     device: str = "auto",
     trust_remote_code: bool = False,
     progress: bool = True,
+    choose: Callable[[Any, int], int | None] | None = None,
 ) -> dict[str, Any]:
     """Every attack the inputs allow, measured on the given members against the given
     non-members; results in ``OUT/models/<model dir name>/results/``. Before the attacks'
@@ -110,7 +113,10 @@ def audit_model(
     text in a random half of them, "offline" in none; ``reference_base`` and
     ``reference_config`` say how they train) into ``OUT/references/``, where a rerun finds
     them; ``audit_inputs.json["references"]`` says how, on what, and how their held-out
-    loss compares with the target's. Every input is checked before anything is written."""
+    loss compares with the target's. Every input is checked before anything is written.
+    Before they train, their estimated cost is printed on stderr; ``choose`` (the command
+    line's prompt on a terminal) is then asked ``choose(estimate, N)`` for the number to
+    train: ``N``, a smaller one, or None to stop before anything is written."""
     from dpaudit.attacks import AttackInputs, get_attack
     from dpaudit.data.tokenizer import load_tokenizer
     from dpaudit.models import check_tokenizer_fits, load_model
@@ -121,19 +127,21 @@ def audit_model(
     labels = np.array([True] * len(member_texts) + [False] * len(nonmember_texts))
     kw = dict(batch_size=batch_size, max_length=max_length, device=device, progress=progress)
     units = [read_units(members), read_units(nonmembers)]
-    plan = None
     if (population is None) != (not train_references):
         raise InputError("--population FILE and --train-references N go together")
-    if population is not None:
+
+    def plan_for(num_models: int):
         from dpaudit.stages.references import plan_references
 
-        plan = plan_references(
-            model_dir=model_dir, num_models=train_references, population=read_texts(population),
+        return plan_references(
+            model_dir=model_dir, num_models=num_models, population=read_texts(population),
             population_units=read_units(population), population_path=population,
             targets=[(str(members), member_texts), (str(nonmembers), nonmember_texts)],
             target_units=units[0] + units[1] if None not in units else None, base=reference_base,
             config=reference_config, design=reference_design, max_length=max_length,
             trust_remote_code=trust_remote_code)
+
+    plan = plan_for(train_references) if population is not None else None
 
     def signals_of(path):
         model = load_model(path, trust_remote_code=trust_remote_code)
@@ -151,10 +159,20 @@ def audit_model(
     rundir = RunDir(out)
     keep, described = None, None
     if plan is not None:
-        from dpaudit.stages.references import describe, reference_signals, train_references
+        from dpaudit.stages.references import describe, estimate_references, reference_signals, train_references
 
+        estimate = estimate_references(plan, directory=rundir.references_dir)
+        if estimate is not None:
+            print(f"dpaudit audit-model: {estimate.text}", file=sys.stderr)
+            chosen = choose(estimate, plan.num_models) if choose is not None and estimate.fresh else plan.num_models
+            if chosen is None:
+                raise InputError(f"stopped before training the reference models: nothing trained, nothing written "
+                                 f"in {rundir.root}")
+            if chosen != plan.num_models:
+                plan = plan_for(chosen)
+                estimate = dataclasses.replace(estimate, seconds=(estimate.total_s / len(estimate.seconds),) * chosen)
         rundir.root.mkdir(parents=True, exist_ok=True)
-        trained = train_references(plan, directory=rundir.references_dir, progress=progress)
+        trained = train_references(plan, directory=rundir.references_dir, progress=progress, estimate=estimate)
         own = reference_signals(trained["dirs"], texts, directory=rundir.references_dir, **kw)
         described = describe(plan, trained, target=target, references=own, nonmembers=np.flatnonzero(~labels),
                              population_path=population)

@@ -40,9 +40,8 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
-import sys
+import tempfile
 import time
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,7 +53,7 @@ from dpaudit.config import Config, load_config
 from dpaudit.errors import InputError
 from dpaudit.fleet import ProbeTiming, cost_text, heldout_losses, population_design
 from dpaudit.rundir import ModelDir
-from dpaudit.stages.fleet import TMP_PREFIX, job_records, load_fleet, train_fleet
+from dpaudit.stages.fleet import job_records, load_fleet, train_fleet
 
 DEFAULT_CONFIG = "demo"
 DESIGNS = ("online", "offline")
@@ -118,10 +117,12 @@ def plan_references(*, model_dir: str | Path, num_models: int, population: Seque
     units = list(population_units) if population_units is not None else [str(i) for i in range(len(population))]
     tunits = list(target_units) if target_units is not None else [f"text-{i}" for i in range(len(target_texts))]
     cfg = _reference_config(config, model_dir=model_dir, base=base, num_models=num_models,
-                                         max_length=max_length, trust_remote_code=trust_remote_code)
+                            max_length=max_length, trust_remote_code=trust_remote_code)
     start = cfg.model.base_model or str(model_dir)
-    if cfg.model.base_model:
-        load_model_config(start, trust_remote_code=trust_remote_code)
+    limit = getattr(load_model_config(start, trust_remote_code=trust_remote_code), "max_position_embeddings", None)
+    if isinstance(limit, int) and 2 <= limit < max_length:  # the references train on what the audit scores
+        max_length = limit
+        cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, max_length=limit))
     tokenizer = load_tokenizer(start, trust_remote_code=trust_remote_code)
     check_tokenizer_fits(start, tokenizer, trust_remote_code=trust_remote_code)
     keep = population_design(population_units=units, target_units=tunits if design == "online" else None,
@@ -173,32 +174,61 @@ def _absolute(path: str | Path) -> str:
     return str(Path(path).resolve()) if Path(path).exists() else str(path)
 
 
-def train_references(plan: ReferencePlan, *, directory: Path, progress: bool = True) -> dict[str, Any]:
-    """Train the reference models ``directory`` still lacks (after printing their estimated
-    cost on stderr); return ``{"keep", "dirs", "jobs", "estimate_s"}`` of all ``N``."""
+@dataclass(frozen=True)
+class CostEstimate:
+    """What the reference models still to train will cost, before any is trained.
+
+    ``seconds``: one estimate per model to train; ``text``: the line printed on stderr (with
+    ``smaller``, a smaller ``N`` that would do, or None); ``fresh``: no model is trained yet,
+    so a smaller ``N`` can still be chosen (a resumed fleet keeps its ``N``)."""
+
+    seconds: tuple[float, ...]
+    text: str
+    smaller: int | None
+    fresh: bool
+
+    @property
+    def total_s(self) -> float:
+        return float(sum(self.seconds))
+
+
+def estimate_references(plan: ReferencePlan, *, directory: Path) -> CostEstimate | None:
+    """The cost of the reference models ``directory`` still lacks (None: all are trained):
+    the mean wall time of those already trained, else a probe of :data:`PROBE_STEPS` training
+    steps of the first one, run in a temporary directory outside ``directory`` and thrown away."""
     done = job_records(directory) if (directory / "keep.npz").is_file() else {}
     todo = [j for j in range(plan.num_models) if j not in done]
-    estimate = None
-    if todo:
-        seconds = _estimate(plan, directory, todo, done)
-        fewest = FEWEST[plan.design]
-        smaller = max(fewest, plan.num_models // 2) if plan.num_models > fewest else None
-        fleet = plan.config.fleet
-        print(f"dpaudit audit-model: {cost_text(seconds=seconds, workers=fleet.workers, executor=fleet.executor, smaller=smaller)}"
-              + ("" if smaller is None else f" ({_why_fewer(plan.design)})"), file=sys.stderr)
-        estimate = float(np.sum(seconds))
+    if not todo:
+        return None
+    seconds = _estimate(plan, todo, done)
+    fewest = FEWEST[plan.design]
+    smaller = max(fewest, plan.num_models // 2) if plan.num_models > fewest and not done else None
+    fleet = plan.config.fleet
+    text = cost_text(seconds=seconds, workers=fleet.workers, executor=fleet.executor, smaller=smaller)
+    if done:
+        text += f" ({len(done)} of {plan.num_models} already trained in {directory})"
+    elif smaller is not None:
+        text += f": {_why_fewer(plan.design)}"
+    return CostEstimate(seconds=tuple(seconds), text=text, smaller=smaller, fresh=not done)
+
+
+def train_references(plan: ReferencePlan, *, directory: Path, progress: bool = True,
+                     estimate: CostEstimate | None = None) -> dict[str, Any]:
+    """Train the reference models ``directory`` still lacks (:func:`dpaudit.stages.fleet.train_fleet`,
+    with the plan's ``keep``); return ``{"keep", "dirs", "jobs", "estimate_s"}`` of all ``N``."""
     train_fleet(fleet_dir=directory, candidates=plan.candidates, tokenizer=plan.tokenizer, config=plan.config,
                 keep=plan.keep, progress=progress)
     keep, dirs = load_fleet(directory)
     if len(dirs) != plan.num_models:  # pragma: no cover - train_fleet trains every missing model or raises
         raise RuntimeError(f"{directory} holds {len(dirs)} of {plan.num_models} reference models")
-    return {"keep": keep, "dirs": dirs, "jobs": job_records(directory), "estimate_s": estimate}
+    return {"keep": keep, "dirs": dirs, "jobs": job_records(directory),
+            "estimate_s": None if estimate is None else round(estimate.total_s, 3)}
 
 
 def _why_fewer(design: str) -> str:
     if design == "online":
         return "online LiRA needs 2 models with and 2 without each text, so 4 at least"
-    return "offline LiRA and RMIA work with few reference models (Zarifzadeh et al. 2024)"
+    return "offline LiRA and RMIA work with few reference models, Zarifzadeh et al. 2024"
 
 
 def _units_of(plan: ReferencePlan, j: int) -> int:
@@ -209,28 +239,26 @@ def _units_of(plan: ReferencePlan, j: int) -> int:
     return len(rows)
 
 
-def _estimate(plan: ReferencePlan, directory: Path, todo: list[int], done: dict[int, dict]) -> list[float]:
+def _estimate(plan: ReferencePlan, todo: list[int], done: dict[int, dict]) -> list[float]:
     """Seconds each model of ``todo`` will take: the mean of the models already trained, or a
-    probe of :data:`PROBE_STEPS` steps of the first one's training, run here and thrown away."""
+    probe of :data:`PROBE_STEPS` steps of the first one's training."""
     from dpaudit.train.plan import num_steps
 
     if done:
         return [float(np.mean([r["wall_time_s"] for r in done.values()]))] * len(todo)
-    timing = _probe(plan, directory, todo[0])
+    timing = _probe(plan, todo[0])
     train = plan.config.train
     return [timing.model_seconds(steps=num_steps(train, _units_of(plan, j)), eval_every=train.eval_every) for j in todo]
 
 
-def _probe(plan: ReferencePlan, directory: Path, index: int) -> ProbeTiming:
+def _probe(plan: ReferencePlan, index: int) -> ProbeTiming:
     from dpaudit.fleet import model_seed
     from dpaudit.progress import label
     from dpaudit.stages.train import train_and_save
 
     train = dataclasses.replace(plan.config.train, steps=PROBE_STEPS, checkpoint_every=0)
     config = dataclasses.replace(plan.config, train=train)
-    directory.mkdir(parents=True, exist_ok=True)
-    tmp = directory / f"{TMP_PREFIX}probe-{uuid.uuid4().hex[:8]}"  # train_fleet clears what an interrupt leaves
-    tmp.mkdir()
+    tmp = Path(tempfile.mkdtemp(prefix="dpaudit-probe-"))  # nothing lands in the output before the user agrees
     try:
         start = time.perf_counter()
         with label("cost probe"):
