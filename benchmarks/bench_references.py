@@ -4,8 +4,8 @@
     python benchmarks/bench_references.py --out DIR --members 64 --nonmembers 64 --population 128 --refs 4
 
 Builds two released models from the built-in clinical corpus (:mod:`dpaudit.data.clinical`),
-each the first lines of a note (date and note type, the patient's name and MRN, a phone
-number), split by patient into members, non-members, a population and a clean training set:
+whose texts are the lines of its notes (headers, names and MRNs, vitals, plans), split by
+patient into members, non-members, a population and a clean training set:
 
 * ``memorized``: a tiny GPT-2 trained from scratch for many epochs on the members alone
   (memorized on purpose);
@@ -39,7 +39,8 @@ import numpy as np
 
 FPRS = (0.01, 0.001)
 ATTACKS = ("loss", "lira_offline", "lira_online", "rmia")
-LINES = 3  # a text is the first lines of a note: its date and type, the patient's name and MRN, a phone line
+MIN_CHARS = 24  # a text is a line of a note of at least this many characters
+PER_PATIENT = 3
 
 
 def recipe(*, epochs: float, lr: float = 0.003, batch_size: int = 16, max_length: int = 48,
@@ -58,23 +59,32 @@ def recipe(*, epochs: float, lr: float = 0.003, batch_size: int = 16, max_length
 
 
 def texts_by_patient(*, patients: int, seed: int) -> tuple[list[str], list[str]]:
-    """``(texts, unit_ids)``: the first :data:`LINES` lines of every note of ``patients`` patients."""
+    """``(texts, unit_ids)``: every line of at least :data:`MIN_CHARS` characters of every note
+    of ``patients`` patients (a header, a name and MRN, vitals, a plan: texts of very different
+    difficulty, which is what reference models calibrate)."""
     from dpaudit.data.clinical import generate_clinical_notes
 
     notes = generate_clinical_notes(num_patients=patients, seed=seed)
-    texts = [" ".join(t.splitlines()[:LINES]) for t in notes["text"]]
-    return texts, [str(u) for u in notes["unit_id"]]
+    texts, units = [], []
+    for note, unit in zip(notes["text"], notes["unit_id"]):
+        for line in note.splitlines():
+            if len(line.strip()) >= MIN_CHARS:
+                texts.append(line.strip())
+                units.append(str(unit))
+    return texts, units
 
 
 def split(texts: list[str], units: list[str], *, sizes: dict[str, int], seed: int) -> dict[str, tuple[list, list]]:
-    """Disjoint groups of whole patients, each of at least ``sizes[name]`` texts (cut to that
-    many), in the order of ``sizes``; exact duplicate texts are dropped first."""
+    """Disjoint groups of patients, each of ``sizes[name]`` texts, in the order of ``sizes``:
+    exact duplicate texts dropped, then :data:`PER_PATIENT` lines of each patient at most."""
     rng = np.random.default_rng(seed)
     seen, by_unit = set(), {}
     for t, u in zip(texts, units):
         if t not in seen:
             seen.add(t)
             by_unit.setdefault(u, []).append(t)
+    for u, lines in by_unit.items():  # a few lines a patient: many patients, so that the split is not a few clusters
+        by_unit[u] = [lines[i] for i in sorted(rng.choice(len(lines), min(PER_PATIENT, len(lines)), replace=False))]
     order = list(by_unit)
     rng.shuffle(order)
     out, it = {}, iter(order)
@@ -130,12 +140,13 @@ def build(root: Path, *, members: int, nonmembers: int, population: int, epochs:
 
     root.mkdir(parents=True, exist_ok=True)
     need = members + nonmembers + population + members + 256
-    texts, units = texts_by_patient(patients=int(need / 3) + 64, seed=seed)
+    texts, units = texts_by_patient(patients=int(need / PER_PATIENT) + 64, seed=seed)
     groups = split(texts, units, sizes={"members": members, "nonmembers": nonmembers, "population": population,
                                         "clean": members, "tokenizer": 256}, seed=seed)
     config = recipe(epochs=epochs, max_length=max_length, size=size)
-    files = {name: write_jsonl(root / f"{name}.jsonl", *groups[name]) for name in ("members", "nonmembers",
-                                                                                  "population")}
+    # the population without unit ids: each line its own unit (the halves need not keep a patient's lines together)
+    files = {name: write_jsonl(root / f"{name}.jsonl", groups[name][0], groups[name][1] if name != "population"
+                               else None) for name in ("members", "nonmembers", "population")}
     files["config"] = root / "reference.yaml"
     files["config"].write_text(yaml.safe_dump(config), encoding="utf-8")
     tokenizer = train_tokenizer(groups["tokenizer"][0], vocab_size=400)

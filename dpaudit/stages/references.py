@@ -265,7 +265,10 @@ def _probe(plan: ReferencePlan, index: int) -> ProbeTiming:
             train_and_save(tmp, dataset=plan.candidates.select(np.flatnonzero(plan.keep[index])),
                            tokenizer=plan.tokenizer, seed=model_seed(plan.config.seed, index), config=config)
         wall = time.perf_counter() - start
-        return ProbeTiming.from_log(ModelDir(tmp).read_train_log(), wall_s=wall)
+        try:
+            return ProbeTiming.from_log(ModelDir(tmp).read_train_log(), wall_s=wall)
+        except ValueError:  # a plug-in trainer that logs no steps: the probe's wall time, spread over its steps
+            return ProbeTiming(step_s=wall / PROBE_STEPS, eval_s=0.0, overhead_s=0.0)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

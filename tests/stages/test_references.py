@@ -222,19 +222,23 @@ def test_fine_tuned_references_and_a_weak_reference_warns(inputs, tmp_path, caps
 
 @pytest.mark.slow
 def test_power_on_a_memorized_model_and_chance_on_a_clean_one(tmp_path_factory, one_torch_thread):
-    """benchmarks/bench_references.py at a small size: LiRA and RMIA with 4 and 8 references
-    against loss; the clean model's attacks at chance, the memorized model's far above it."""
+    """benchmarks/bench_references.py at a small size (about 4 minutes on 2 cores): RMIA and
+    offline LiRA with 4 and 8 self-trained references beat the loss attack on the memorized
+    model (at 1% FPR, 300 members against 1,000 non-members), and every attack stays at chance
+    on the clean model."""
     b = bench()
     root = tmp_path_factory.mktemp("power")
-    files = b.build(root / "inputs", members=200, nonmembers=1000, population=400, epochs=8, max_length=32)
+    files = b.build(root / "inputs", members=300, nonmembers=1000, population=600, epochs=12)
     for refs in (4, 8):
         memorized = b.measure(files, target="memorized", refs=refs, out=root / f"m{refs}", design="offline")
         shutil.copytree(root / f"m{refs}" / "references", root / f"c{refs}" / "references")
         clean = b.measure(files, target="clean", refs=refs, out=root / f"c{refs}", design="offline")
         for name, cell in clean["attacks"].items():
-            assert abs(cell["auc"] - 0.5) < 0.07, (refs, name, cell)
-            tpr, low, high = cell["0.01"]
-            assert low <= 0.01 + 0.02 and tpr < 0.06, (refs, name, cell)  # 1% of the members, within noise
+            assert abs(cell["auc"] - 0.5) < 0.05, (refs, name, cell)
+            assert cell["0.01"][1] <= 0.01 and cell["0.01"][0] < 0.04, (refs, name, cell)  # 1% of members, by chance
+            assert cell["0.001"] is None  # 0.1% needs 10,000 non-members
+        loss = memorized["attacks"]["loss"]
+        assert loss["auc"] > 0.7
         for name in ("rmia", "lira_offline"):
             cell = memorized["attacks"][name]
-            assert cell["auc"] > 0.75 and cell["0.01"][1] > 0.05, (refs, name, cell)
+            assert cell["auc"] > loss["auc"] + 0.03 and cell["0.01"][0] > 1.5 * loss["0.01"][0], (refs, name, cell)
