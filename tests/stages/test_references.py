@@ -242,3 +242,29 @@ def test_power_on_a_memorized_model_and_chance_on_a_clean_one(tmp_path_factory, 
         for name in ("rmia", "lira_offline"):
             cell = memorized["attacks"][name]
             assert cell["auc"] > loss["auc"] + 0.03 and cell["0.01"][0] > 1.5 * loss["0.01"][0], (refs, name, cell)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fleet", [{"executor": "local", "workers": 2}, {"executor": "ray", "workers": 2}],
+                         ids=["local-pool", "ray"])
+def test_references_train_on_the_fleet(inputs, tmp_path, capsys, fleet):
+    """The run's fleet code trains the references: a local pool of 2 processes, or Ray (a local
+    instance) with fleet.executor: ray; both give the models the one-process run gives."""
+    import yaml
+
+    if fleet["executor"] == "ray":
+        pytest.importorskip("ray")
+    config = yaml.safe_load(Path(inputs["config"]).read_text())
+    config["fleet"].update(fleet)
+    path = tmp_path / "fleet.yaml"
+    path.write_text(yaml.safe_dump(config))
+    out = tmp_path / "audit"
+    assert audit(inputs, out, "--reference-config", str(path), "--reference-design", "offline", "--attacks",
+                 "loss,rmia", refs=2) in (0, 3)
+    assert "2 local workers" in capsys.readouterr().err or fleet["executor"] == "ray"
+    one = tmp_path / "one"
+    assert audit(inputs, one, "--reference-design", "offline", "--attacks", "loss,rmia", refs=2) in (0, 3)
+    capsys.readouterr()
+    a = json.loads((out / "report.json").read_text())["models"][0]["attacks"]["rmia"]["auc"]
+    b = json.loads((one / "report.json").read_text())["models"][0]["attacks"]["rmia"]["auc"]
+    assert a == pytest.approx(b, abs=1e-6)  # the same seeds, the same models, wherever they trained
