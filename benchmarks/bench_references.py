@@ -131,7 +131,7 @@ def train_target(directory: Path, texts: list[str], tokenizer, *, config: dict, 
 
 
 def build(root: Path, *, members: int, nonmembers: int, population: int, epochs: float, seed: int = 0,
-          max_length: int = 48, size: str = "tiny") -> dict:
+          max_length: int = 48, size: str = "tiny", population_units: bool = False) -> dict:
     """The files of the experiment under ``root``: members, non-members, population (jsonl with
     ``unit_id``), ``reference.yaml`` and the two targets ``memorized`` and ``clean``."""
     import yaml
@@ -144,9 +144,10 @@ def build(root: Path, *, members: int, nonmembers: int, population: int, epochs:
     groups = split(texts, units, sizes={"members": members, "nonmembers": nonmembers, "population": population,
                                         "clean": members, "tokenizer": 256}, seed=seed)
     config = recipe(epochs=epochs, max_length=max_length, size=size)
-    # the population without unit ids: each line its own unit (the halves need not keep a patient's lines together)
-    files = {name: write_jsonl(root / f"{name}.jsonl", groups[name][0], groups[name][1] if name != "population"
-                               else None) for name in ("members", "nonmembers", "population")}
+    # by default the population without unit ids: each line its own unit (a half need not keep a patient's lines together)
+    files = {name: write_jsonl(root / f"{name}.jsonl", groups[name][0], groups[name][1]
+                               if name != "population" or population_units else None)
+             for name in ("members", "nonmembers", "population")}
     files["config"] = root / "reference.yaml"
     files["config"].write_text(yaml.safe_dump(config), encoding="utf-8")
     tokenizer = train_tokenizer(groups["tokenizer"][0], vocab_size=400)

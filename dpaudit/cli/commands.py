@@ -253,6 +253,11 @@ def _finish_audit(args: argparse.Namespace, out: Path, report: dict) -> int:
         statuses.append(step["verdict"])
         lines.append(f"step audit of {step['step']}: mu >= {_fmt(step['mu_lower_bound'])} against the claimed 1/S = "
                      f"{_fmt(step['claimed_mu'])} (ceiling {_fmt(step['mu_ceiling'])}): {step['verdict']}")
+    refs = report.get("references")
+    if refs:  # audit-model --train-references: what the reference models are
+        lines.append(f"reference models: {refs['trained']} trained for this audit ({refs['start']}, {refs['design']} "
+                     f"design), held-out loss on the non-members {_fmt(refs.get('reference_loss'), '.2f')} against "
+                     f"the target's {_fmt(refs.get('target_loss'), '.2f')} nats a token")
     lines.append(f"report: {out / 'report.html'}")
     for warning in report.get("warnings", []):
         print(f"warning: {warning}", file=sys.stderr)

@@ -112,16 +112,17 @@ def test_cost_line_and_probe_timing():
 def inputs(tmp_path_factory, one_torch_thread):
     """Members, non-members and a population from the built-in corpus; two tiny targets (memorized, clean)."""
     root = tmp_path_factory.mktemp("references")
-    return bench().build(root / "inputs", members=48, nonmembers=48, population=160, epochs=6, max_length=32)
+    return bench().build(root / "inputs", members=48, nonmembers=48, population=160, epochs=6, max_length=32,
+                         population_units=True)
 
 
-def audit(inputs, out, *extra, target="memorized", refs=4):
+def audit(inputs, out, *extra, target="memorized", refs=4, as_json=True):
     from dpaudit.cli import main
 
     return main(["audit-model", str(inputs[target]), "--members", str(inputs["members"]), "--nonmembers",
                  str(inputs["nonmembers"]), "--population", str(inputs["population"]), "--train-references",
                  str(refs), "--reference-config", str(inputs["config"]), "--max-length", "32", "--out", str(out),
-                 "--json", *extra])
+                 *(["--json"] if as_json else []), *extra])
 
 
 def test_audit_model_trains_its_references_and_resumes(inputs, tmp_path, capsys):
@@ -160,9 +161,11 @@ def test_audit_model_trains_its_references_and_resumes(inputs, tmp_path, capsys)
                                                                       if k != "model-002"}
     assert json.loads(captured.out)["models"][0]["attacks"]["lira_online"]["auc"] == pytest.approx(
         model["attacks"]["lira_online"]["auc"])  # the same model again (seeded)
-    # nothing left to train: no cost line
-    assert audit(inputs, out) in (0, 3)
-    assert "reference model(s)" not in capsys.readouterr().err
+    # nothing left to train: no cost line; the text output says what the references are
+    assert audit(inputs, out, as_json=False) in (0, 3)
+    captured = capsys.readouterr()
+    assert "reference model(s)" not in captured.err
+    assert "reference models: 4 trained for this audit (from scratch, online design), held-out loss" in captured.out
 
 
 def test_a_smaller_n_chosen_at_the_cost_line(inputs, tmp_path, capsys):
