@@ -271,3 +271,10 @@ def test_references_train_on_the_fleet(inputs, tmp_path, capsys, fleet):
     a = json.loads((out / "report.json").read_text())["models"][0]["attacks"]["rmia"]["auc"]
     b = json.loads((one / "report.json").read_text())["models"][0]["attacks"]["rmia"]["auc"]
     assert a == pytest.approx(b, abs=1e-6)  # the same seeds, the same models, wherever they trained
+
+
+def test_architecture_and_base_model_are_one_choice(tmp_path):
+    from dpaudit.config import load_config
+
+    with pytest.raises(InputError, match="model.architecture and model.base_model both choose"):
+        load_config("tiny", overrides=[f"model.architecture={tmp_path}", f"model.base_model={tmp_path}"])
