@@ -6,8 +6,10 @@ from typing import Any
 
 from dpaudit.bench import workload
 
-GOALS = {"dp_step_over_nonprivate": "<= 1.15", "dp_step_over_nonprivate_b256": "<= 1.3",
-         "dp_memory_over_nonprivate": "<= 1.3", "dp_step_over_opacus": "<= 0.6",
+# dp_step_over_opacus: at most 1.05 times its floor, the non-private step over Opacus' hooks
+# (``details.nonprivate_over_opacus``; benchmarks/README.md says why it cannot go lower)
+GOALS = {"dp_step_over_nonprivate": "<= 1.05", "dp_step_over_nonprivate_b256": "<= 1.3",
+         "dp_memory_over_nonprivate": "<= 1.3", "dp_step_over_opacus": "<= 1.05 x floor",
          "dp_step_over_opacus_ghost": "<= 1.0", "signals_over_forward": "<= 1.11",
          "validate_over_training": "<= 1.5"}
 
@@ -23,7 +25,8 @@ def summary(result: dict[str, Any]) -> str:
         lines.append(f"  {key:<30} {text:<10} goal {goal}")
     floor = result["details"].get("nonprivate_over_opacus")
     if floor is not None:
-        lines.append(f"  floor of dp_step_over_opacus (the non-private step over Opacus' hooks): {floor:.3f}")
+        lines.append(f"  floor of dp_step_over_opacus (the non-private step over Opacus' hooks): {floor:.3f}, "
+                     f"goal {1.05 * floor:.3f}")
     seconds = result["details"].get("seconds_per_step", {})
     lines.append("  seconds per step: " + ", ".join(f"{k} {v:.3f}" for k, v in seconds.items()))
     return "\n".join(lines)

@@ -167,3 +167,25 @@ def test_the_exact_gaussian_curve_of_full_batch_dp_sgd():
     assert all(exact._blow_up_inverse_scalar(v) == pytest.approx(exact.blow_up_inverse(v), abs=1e-14) for v in y[::500])
     assert exact.epsilon(DELTA) == pytest.approx(epsilon(noise_multiplier=sigma, sample_rate=1.0, steps=steps,
                                                          delta=DELTA), rel=1e-4)
+
+
+def test_every_claim_of_the_demo_is_testable():
+    """The demo's grid is chosen so that its default run can exit 0 on a correct trainer: the
+    white-box rung of every DP model (q = 1 for the twin's steps, the preset's gradient
+    canaries, a third of the significance) has a guess fraction whose ceiling is above the
+    model's claim, and :func:`choose_guess_fraction` takes such a fraction when there is one
+    (test above)."""
+    from dpaudit.audit.ceilings import claimed_curve_ceiling
+    from dpaudit.config import load_config
+    from dpaudit.stages.ladder import TWIN_STEPS, rung_significance
+
+    config = load_config("demo")
+    models = [config.for_model(name) for name in config.model_names()]
+    claims = sorted({c.train.dp.target_epsilon for c in models if c.train.dp.target_epsilon})
+    assert claims == [1, 4, 12]
+    for eps in claims:
+        sigma = noise_multiplier(target_epsilon=eps, sample_rate=1.0, steps=TWIN_STEPS, delta=config.train.dp.delta)
+        assert claimed_curve_ceiling(noise_multiplier=sigma, sample_rate=1.0, steps=TWIN_STEPS,
+                                     num_canaries=config.audit.ladder.gradient_canaries, delta=config.train.dp.delta,
+                                     significance=rung_significance(config),
+                                     strategy=BonferroniStrategy(grid=(max(GUESS_FRACTIONS),))) > eps
