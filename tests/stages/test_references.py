@@ -278,3 +278,20 @@ def test_architecture_and_base_model_are_one_choice(tmp_path):
 
     with pytest.raises(InputError, match="model.architecture and model.base_model both choose"):
         load_config("tiny", overrides=[f"model.architecture={tmp_path}", f"model.base_model={tmp_path}"])
+
+
+def test_the_prompt_on_a_terminal(monkeypatch, capsys):
+    import io
+    import types
+
+    from dpaudit.cli.commands import _ask_references
+
+    estimate = types.SimpleNamespace(smaller=4)
+    monkeypatch.setattr("sys.stdin", io.StringIO("\n"))
+    assert _ask_references(estimate, 8) == 8
+    monkeypatch.setattr("sys.stdin", io.StringIO("12\n3\n"))  # more than asked for: asked again
+    assert _ask_references(estimate, 8) == 3
+    monkeypatch.setattr("sys.stdin", io.StringIO("q\n"))
+    assert _ask_references(estimate, 8) is None
+    captured = capsys.readouterr()
+    assert captured.out == "" and "train 8 reference models? [Enter: 8, a smaller number (e.g. 4), q: stop]" in captured.err
