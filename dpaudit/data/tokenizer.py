@@ -136,7 +136,7 @@ def load_tokenizer(path: str | os.PathLike, *, trust_remote_code: bool = False):
     return prepare_tokenizer(tok)
 
 
-def unencodable(input_ids: Iterable[Sequence[int]], tokenizer) -> list[tuple[int, str]]:
+def unencodable(input_ids: Iterable[Sequence[int]], *, tokenizer) -> list[tuple[int, str]]:
     """The texts (by index) that ``tokenizer`` cannot encode for training or scoring, each
     with why: fewer than two tokens (no next token to predict), or a token the tokenizer
     did not know (its unknown token, when that is a token of its own rather than the end of

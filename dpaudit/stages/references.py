@@ -135,7 +135,7 @@ def plan_references(*, model_dir: str | Path, num_models: int, population: Seque
     ids = list(candidates["input_ids"][: len(population)])
     ids += candidates["input_ids"][len(population):] if online else \
         tokenizer(target_texts, truncation=True, max_length=max_length)["input_ids"]
-    bad = unencodable(ids, tokenizer)
+    bad = unencodable(ids, tokenizer=tokenizer)
     if bad:
         index, why = bad[0]
         where = [(str(population_path), len(population))] + [(name, len(texts)) for name, texts in targets]

@@ -74,11 +74,11 @@ def test_unencodable_texts():
 
     byte_level = train_tokenizer([f"word{i} note" for i in range(50)], vocab_size=300)
     ids = byte_level(["word1 note", "a", "Übelkeit ✓"])["input_ids"]
-    assert [i for i, _ in unencodable(ids, byte_level)] == [1]  # byte-level encodes anything but too short a text
+    assert [i for i, _ in unencodable(ids, tokenizer=byte_level)] == [1]  # byte-level encodes anything but too short a text
     word = Tokenizer(models.WordLevel({"[UNK]": 0, "</s>": 1, "the": 2, "note": 3}, unk_token="[UNK]"))
     word.pre_tokenizer = pre_tokenizers.Whitespace()
     tok = PreTrainedTokenizerFast(tokenizer_object=word, unk_token="[UNK]", eos_token="</s>")
-    bad = unencodable(tok(["the note", "the 名前 note"])["input_ids"], tok)
+    bad = unencodable(tok(["the note", "the 名前 note"])["input_ids"], tokenizer=tok)
     assert [i for i, _ in bad] == [1] and "unknown to the tokenizer" in bad[0][1]
 
 
