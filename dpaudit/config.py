@@ -90,6 +90,9 @@ class ModelConfig:
 
     size: str = "tiny"  # a key of dpaudit.models.SIZES
     base_model: str | None = None  # a local AutoModelForCausalLM directory (or hub name)
+    # a model directory whose config.json gives the architecture, with fresh weights (instead of
+    # size; not with base_model): audit-model's reference models trained like the audited one
+    architecture: str | None = None
     trust_remote_code: bool = False
     lora: LoraConfig = field(default_factory=LoraConfig)
     # which parameters train: all, or the input embedding matrix alone (with tied embeddings
@@ -456,6 +459,9 @@ def validate(config: Config) -> None:
         p = config.pretrain
         for key in ("lr", "epochs", "steps", "batch_size", "microbatch_size"):
             positive(f"pretrain.{key}", getattr(p, key))
+    if config.model.architecture and config.model.base_model:
+        raise InputError("config keys model.architecture and model.base_model both choose the model to train; "
+                         "set one of them")
     if config.model.trainable != "all" and config.model.lora.enabled:
         raise InputError(f"config key model.trainable: {config.model.trainable} and model.lora.enabled both "
                          "choose the parameters that train; set one of them")

@@ -18,6 +18,7 @@ import os
 import sys
 import sysconfig
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +85,124 @@ def inclusion_matrix(
         count = np.clip(count, 1, num_models - 1)
     unit_keep = rank < count[None, :]
     return unit_keep[:, inverse]
+
+
+#: A reference model trains on at least this many population units (a half of 2x as many).
+MIN_POPULATION_HALF = 16
+
+
+def population_design(*, population_units: Sequence[str], target_units: Sequence[str] | None = None,
+                      num_models: int, seed: int) -> np.ndarray:
+    """``keep [M, P + T]`` of reference models trained on random halves of a population, for a
+    membership audit of ``T`` target texts (``dpaudit audit-model --train-references``).
+
+    Columns ``0 .. P-1`` are the population rows, each unit in a random half of the models
+    (:func:`inclusion_matrix`, ``p = 1/2``). ``target_units`` given (the *online* design of
+    Carlini et al. 2022, arXiv 2112.03570): the target texts, members and non-members alike,
+    are columns ``P .. P+T-1``, each unit in a random half too, so that every target text has
+    "in" and "out" models and online LiRA can fit both; the draw never looks at the labels,
+    which keeps a model that memorized nothing at chance. ``target_units`` None (the *offline*
+    design): no reference sees a target text, every one is "out" for all of them (offline
+    LiRA; RMIA, Zarifzadeh et al. 2024, arXiv 2312.03262). The two groups' unit ids are kept
+    apart (one id in both names two units).
+
+    Raises :class:`InputError` when the population has fewer than ``2 MIN_POPULATION_HALF``
+    units (each model's half would be too small), or the online design has fewer than 2 models.
+    """
+    units = [f"population:{u}" for u in population_units]
+    online = target_units is not None
+    if isinstance(num_models, bool) or not isinstance(num_models, (int, np.integer)) or num_models < (2 if online else 1):
+        raise InputError(f"--train-references must be at least {2 if online else 1}"
+                         f"{' in the online design (each text needs an in and an out model)' if online else ''}, "
+                         f"got {num_models!r}")
+    count = len(set(units))
+    if count < 2 * MIN_POPULATION_HALF:
+        raise InputError(f"the population is too small for {num_models} reference models on random halves: it holds "
+                         f"{count} unit(s), each model needs a half of at least {MIN_POPULATION_HALF} "
+                         f"(at least {2 * MIN_POPULATION_HALF} units)")
+    if online:
+        units += [f"target:{u}" for u in target_units]
+    return inclusion_matrix(unit_ids=units, num_models=int(num_models), seed=seed, keep_fraction=0.5)
+
+
+def check_disjoint(population: Sequence[str], *, audited: Sequence[tuple[str, Sequence[str]]], origin: str) -> None:
+    """:class:`InputError` when a population text is also an audited text (exact match, up to
+    surrounding white space): reference models must know which texts they trained on.
+    ``audited`` holds (name, texts) pairs, one per audited file."""
+    pool: dict[str, int] = {}
+    for i, t in enumerate(population):
+        pool.setdefault(t.strip(), i)
+    for name, texts in audited:
+        shared = [pool[t.strip()] for t in texts if t.strip() in pool]
+        if shared:
+            raise InputError(f"{len(set(shared))} text(s) of the population {origin} are also in {name} (the first: "
+                             f"population text {min(shared) + 1}): the population must be disjoint from the "
+                             f"audited texts")
+
+
+def heldout_losses(*, target, references: Sequence, keep: np.ndarray | None) -> list[dict[str, Any]]:
+    """Per reference model ``j``: its held-out loss (mean token negative log-likelihood, in
+    nats) on the texts it did not train on (``keep[j]`` False; ``keep`` None: all of them),
+    and the target's on the same texts. ``target`` and ``references[j]`` are
+    :class:`~dpaudit.signals.TokenSignals` of the same non-member texts. A reference much
+    worse than the target is a poor stand-in for it (Carlini et al. 2022, arXiv 2112.03570,
+    train reference models like the target)."""
+
+    def loss(signals, rows: np.ndarray) -> float | None:
+        tokens = float(signals.token_count()[rows].sum())
+        return -float(signals.sum_logprob()[rows].sum()) / tokens if tokens else None
+
+    out = []
+    for j, ref in enumerate(references):
+        rows = np.ones(target.n, bool) if keep is None else ~np.asarray(keep[j], bool)
+        out.append({"reference": j, "texts": int(rows.sum()), "loss": loss(ref, rows),
+                    "target_loss": loss(target, rows)})
+    return out
+
+
+@dataclass(frozen=True)
+class ProbeTiming:
+    """What a short training run measured: seconds per optimizer step, per evaluation, and
+    the rest (building, loading and saving the model)."""
+
+    step_s: float
+    eval_s: float
+    overhead_s: float
+
+    @classmethod
+    def from_log(cls, log: Sequence[dict], *, wall_s: float) -> ProbeTiming:
+        """From the train log of a run of at least 3 steps (``elapsed_s`` per step; the first
+        step carries the evaluation before training, the last the one after) and its wall time."""
+        steps = [r for r in log if r.get("step", 0) >= 1 and r.get("elapsed_s") is not None]
+        if len(steps) < 3:
+            raise ValueError("a probe needs at least 3 logged steps")
+        first, last = steps[0]["elapsed_s"], steps[-1]["elapsed_s"]
+        step_s = (steps[-2]["elapsed_s"] - first) / (len(steps) - 2)
+        eval_s = max(0.0, last - steps[-2]["elapsed_s"] - step_s)
+        overhead_s = max(0.0, wall_s - last + first - step_s)  # with the first evaluation
+        return cls(step_s=max(step_s, 0.0), eval_s=eval_s, overhead_s=overhead_s)
+
+    def model_seconds(self, *, steps: int, eval_every: int) -> float:
+        """One model of ``steps`` steps, evaluated every ``eval_every`` steps and at the end."""
+        return self.overhead_s + steps * self.step_s + (steps // eval_every + 1) * self.eval_s
+
+
+def cost_text(*, seconds: Sequence[float], workers: int, executor: str, smaller: int | None) -> str:
+    """The line printed before a fleet trains: the estimated time of its models, and what a
+    fleet of ``smaller`` models would take (None: no smaller fleet suggested)."""
+
+    def minutes(s: float) -> str:
+        return f"{s / 60:.1f} min" if s >= 60 else f"{s:.0f} s"
+
+    each = float(np.mean(seconds))
+    parallel = workers if executor == "local" else 1  # a local pool runs `workers` at once
+    where = {"local": f"{workers} local workers" if workers > 1 else "one after the other",
+             "ray": "one after the other; Ray runs them side by side on a cluster"}[executor]
+    text = (f"training {len(seconds)} reference model(s): about {minutes(each)} each, "
+            f"{minutes(float(np.sum(seconds)) / parallel)} in all ({where})")
+    if smaller is not None:
+        text += f"; --train-references {smaller} would take about {minutes(smaller * each / parallel)}"
+    return text
 
 
 def model_seed(seed: int, index: int) -> int:

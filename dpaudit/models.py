@@ -151,13 +151,31 @@ def check_tokenizer_fits(model_path: str | Path, tokenizer, *, trust_remote_code
         )
 
 
+def build_from_architecture(path: str | Path, *, seed: int, trust_remote_code: bool = False) -> PreTrainedModel:
+    """A freshly initialised causal LM with the architecture of the model in ``path`` (its
+    ``config.json``, through ``AutoConfig`` and ``AutoModelForCausalLM.from_config``): the
+    audited model's shape, none of its weights. ``seed`` fixes the initial weights."""
+    config = load_model_config(path, trust_remote_code=trust_remote_code)
+    with torch.random.fork_rng(devices=[]):  # the CPU generator only; global state is restored
+        torch.manual_seed(seed)
+        try:
+            return AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+        except ValueError as err:
+            raise InputError(f"{path} does not describe a causal language model: "
+                             f"{str(err).splitlines()[0][:200]}") from None
+
+
 def make_model(config: ModelConfig, tokenizer, *, seed: int) -> PreTrainedModel:
-    """The model a run trains: built from ``config.size`` or loaded from ``config.base_model``;
+    """The model a run trains: built from ``config.size``, from ``config.architecture`` (fresh
+    weights in the shape of a given model) or loaded from ``config.base_model``;
     its embedding grows to fit tokens added to the tokenizer (new-token canaries);
     with ``config.lora.enabled`` it is wrapped in ``peft`` LoRA adapters, and with
     ``config.trainable: input_embeddings`` every other parameter is frozen."""
-    if config.base_model:
-        model = load_model(config.base_model, trust_remote_code=config.trust_remote_code)
+    if config.base_model or config.architecture:
+        if config.base_model:
+            model = load_model(config.base_model, trust_remote_code=config.trust_remote_code)
+        else:
+            model = build_from_architecture(config.architecture, seed=seed, trust_remote_code=config.trust_remote_code)
         if len(tokenizer) > model.get_input_embeddings().weight.shape[0]:
             model.resize_token_embeddings(len(tokenizer), mean_resizing=False)
     else:

@@ -22,6 +22,9 @@ A run is a set of models that share their data, canaries and reference fleet::
       report.json, report.html, figures/, tables/                          (report)
       step_audit.json, step_audit.npz  white-box audit of one step          (validate --step)
 
+An ``audit-model`` output has ``models/NAME/results/``, ``audit_inputs.json``, the report, and
+with ``--train-references`` ``references/``: its reference models (a fleet) and their signals.
+
 This module knows the layout and writes atomically; it holds plain data only (JSON, arrays).
 Typed artifacts (the DP record, canaries, the split, the tokenizer, signals, the fleet) are
 read and written by the stages through their codecs (:mod:`dpaudit.stages.artifacts`).
@@ -279,6 +282,7 @@ class RunDir:
     report_html = property(lambda self: self.root / "report.html")
 
     audit_inputs_path = property(lambda self: self.root / "audit_inputs.json")
+    references_dir = property(lambda self: self.root / "references")  # audit-model's own reference fleet
 
     def exists(self) -> bool:
         """A run (its config is written) or an ``audit-model`` output (its inputs are)."""

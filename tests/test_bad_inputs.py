@@ -75,6 +75,10 @@ def files(tmp_path_factory):
     f.latin1 = write("latin1.txt", "".join(f"Patientin {i} klagt über Übelkeit\n" for i in range(20)).encode("latin-1"))
     f.not_yaml = write("broken.yaml", "train: {batch_size: [8\n")
     f.list_yaml = write("list.yaml", "- seed: 0\n")
+    f.population = write("population.txt", "".join(f"record {i} of the population\n" for i in range(40)))
+    f.small_population = write("small-population.txt", "".join(f"record {i} of the few\n" for i in range(20)))
+    f.short_population = write("short-population.txt", "".join(f"record {i} of the population\n" for i in range(40))
+                               + "a\n")
     f.unit_jsonl = write("users.jsonl", "".join(json.dumps({"body": f"n {i}", "user": str(i % 3)}) + "\n"
                                                 for i in range(20)))
 
@@ -186,6 +190,16 @@ CATALOGUE = {
         lambda f: train(f"model.base_model={f.small_gpt2}", f"tokenizer.path={f.big_tokenizer}"), "does not fit"),
     "reference model is no model": (lambda f: audit(f, f.model, "--reference-model", str(f.no_config)),
                                     "not a model directory"),
+    # audit-model --train-references
+    "population too small for N halves": (lambda f: audit(f, f.model, "--population", str(f.small_population),
+                                                          "--train-references", "4"), "too small for 4 reference"),
+    "population overlaps the members": (lambda f: audit(f, f.model, "--population", str(f.texts),
+                                                        "--train-references", "4"), "must be disjoint"),
+    "population text the tokenizer cannot encode": (lambda f: audit(f, f.model, "--population",
+                                                                    str(f.short_population), "--train-references",
+                                                                    "4"), "cannot encode"),
+    "train references without a population": (lambda f: audit(f, f.model, "--train-references", "4"),
+                                               "go together"),
     # command-line numbers
     "audit batch size zero": (lambda f: audit(f, f.model, "--batch-size", "0"), "--batch-size"),
     "audit max length negative": (lambda f: audit(f, f.model, "--max-length", "-5"), "--max-length"),

@@ -94,20 +94,48 @@ def cmd_audit_model(args: argparse.Namespace) -> int:
 
     if args.batch_size <= 0 or args.max_length <= 0:
         raise InputError("--batch-size and --max-length must be positive")
+    given = [f for f, v in (("--reference-base", args.reference_base), ("--reference-config", args.reference_config),
+                            ("--reference-design", args.reference_design)) if v is not None]
+    if given and not args.train_references:
+        raise InputError(f"{', '.join(given)} go with --train-references N")
     audit_model(
         args.model_dir,
         members=args.members,
         nonmembers=args.nonmembers,
         reference_models=args.reference_models,
+        population=args.population,
+        train_references=args.train_references,
+        reference_base=args.reference_base,
+        reference_config=args.reference_config,
+        reference_design=args.reference_design or "online",
         out=args.out,
         attacks=_attack_names(args.attacks),
         batch_size=args.batch_size,
         max_length=args.max_length,
         device=args.device,
         trust_remote_code=args.trust_remote_code,
+        choose=_ask_references if sys.stdin.isatty() and sys.stderr.isatty() else None,
     )
     report = build_report(args.out, include_texts=args.include_texts)
     return _finish_audit(args, Path(args.out), report)
+
+
+def _ask_references(estimate, n: int) -> int | None:
+    """On a terminal, after the cost line: how many reference models to train (Enter: ``n``;
+    a smaller number; q: stop). The prompt goes to stderr, so that stdout keeps its JSON."""
+    hint = f" (e.g. {estimate.smaller})" if estimate.smaller else ""
+    while True:
+        print(f"dpaudit audit-model: train {n} reference models? [Enter: {n}, a smaller number{hint}, q: stop] ",
+              end="", file=sys.stderr, flush=True)
+        answer = sys.stdin.readline()
+        if not answer or answer.strip().lower() in ("q", "quit", "n", "no"):
+            return None
+        answer = answer.strip()
+        if not answer or answer.lower() in ("y", "yes"):
+            return n
+        if answer.isdigit() and 1 <= int(answer) <= n:
+            return int(answer)
+        print(f"dpaudit audit-model: a number from 1 to {n}, Enter or q", file=sys.stderr)
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -225,6 +253,11 @@ def _finish_audit(args: argparse.Namespace, out: Path, report: dict) -> int:
         statuses.append(step["verdict"])
         lines.append(f"step audit of {step['step']}: mu >= {_fmt(step['mu_lower_bound'])} against the claimed 1/S = "
                      f"{_fmt(step['claimed_mu'])} (ceiling {_fmt(step['mu_ceiling'])}): {step['verdict']}")
+    refs = report.get("references")
+    if refs:  # audit-model --train-references: what the reference models are
+        lines.append(f"reference models: {refs['trained']} trained for this audit ({refs['start']}, {refs['design']} "
+                     f"design), held-out loss on the non-members {_fmt(refs.get('reference_loss'), '.2f')} against "
+                     f"the target's {_fmt(refs.get('target_loss'), '.2f')} nats a token")
     lines.append(f"report: {out / 'report.html'}")
     for warning in report.get("warnings", []):
         print(f"warning: {warning}", file=sys.stderr)

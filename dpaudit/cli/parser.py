@@ -77,6 +77,17 @@ def _add_audits(sub) -> None:
     p.add_argument("--nonmembers", required=True, metavar="FILE", help="same format as --members")
     p.add_argument("--reference-model", dest="reference_models", action="append", default=[], metavar="DIR",
                    help="a reference model trained without the members (repeatable)")
+    p.add_argument("--population", metavar="FILE", help="texts of the members' distribution, none of them audited "
+                   "(same format as --members), for --train-references")
+    p.add_argument("--train-references", type=int, default=0, metavar="N",
+                   help="train N reference models on random halves of --population (cached in OUT/references/)")
+    p.add_argument("--reference-base", metavar="DIR", help="the references fine-tune this model (default: they "
+                   "train from scratch in the audited model's architecture, with its tokenizer)")
+    p.add_argument("--reference-config", metavar="FILE|PRESET", help="the run config whose train and fleet "
+                   "sections the references train with (default: demo)")
+    p.add_argument("--reference-design", choices=("online", "offline"),
+                   help="online (default): every audited text in a random half of the references, members and "
+                   "non-members alike (online LiRA); offline: in none of them")
     p.add_argument("--out", default="audit", help="output directory (default: audit)")
     p.add_argument("--attacks", help="comma-separated attack names (default: every one the inputs allow)")
     p.add_argument("--batch-size", type=int, default=16, help="texts per forward pass (default: 16)")

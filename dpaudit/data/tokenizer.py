@@ -21,7 +21,7 @@ from pathlib import Path
 
 from dpaudit.errors import InputError
 
-__all__ = ["ENDOFTEXT", "train_tokenizer", "prepare_tokenizer", "load_tokenizer"]
+__all__ = ["ENDOFTEXT", "train_tokenizer", "prepare_tokenizer", "load_tokenizer", "unencodable"]
 
 ENDOFTEXT = "<|endoftext|>"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model", "spiece.model",
@@ -134,3 +134,21 @@ def load_tokenizer(path: str | os.PathLike, *, trust_remote_code: bool = False):
         msg = " ".join(str(exc).split())[:300]
         raise InputError(f"could not load a tokenizer from {path}: {msg}") from None
     return prepare_tokenizer(tok)
+
+
+def unencodable(input_ids: Iterable[Sequence[int]], *, tokenizer) -> list[tuple[int, str]]:
+    """The texts (by index) that ``tokenizer`` cannot encode for training or scoring, each
+    with why: fewer than two tokens (no next token to predict), or a token the tokenizer
+    did not know (its unknown token, when that is a token of its own rather than the end of
+    text). Empty: every text encodes."""
+    special = {getattr(tokenizer, f"{name}_token_id", None) for name in ("eos", "bos", "pad")}
+    unk = getattr(tokenizer, "unk_token_id", None)
+    unk = None if unk in special else unk
+    bad = []
+    for i, ids in enumerate(input_ids):
+        if len(ids) < 2:
+            bad.append((i, f"it encodes to {len(ids)} token(s), a text needs at least 2"))
+        elif unk is not None and unk in ids:
+            bad.append((i, f"{list(ids).count(unk)} of its {len(ids)} tokens are unknown to the tokenizer "
+                           f"({tokenizer.unk_token})"))
+    return bad

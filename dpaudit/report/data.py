@@ -32,6 +32,7 @@ from dpaudit.report.schema import (
     DP_KEYS,
     MIN_ONLINE_MODELS,
     MODEL_KEYS,
+    REFERENCE_LOSS_GAP,
     REPORT_FPRS,
     SCHEMA_VERSION,
     SHOWN_FPRS,
@@ -113,6 +114,43 @@ def _fleet(keep, attack_names: set[str], warnings: list[str]) -> dict | None:
     return summary
 
 
+def _references(inputs, attack_names: set[str], warnings: list[str]) -> dict | None:
+    """``audit-model --train-references``: how its reference models were trained and how their
+    held-out loss on the non-members compares with the target's (each on the non-members it
+    did not train on); warns when one is much worse than the target (``REFERENCE_LOSS_GAP``),
+    or when online LiRA has too few models on a side of some text."""
+    refs = (inputs or {}).get("references")
+    if not isinstance(refs, Mapping):
+        return None
+    rows = [r for r in refs.get("heldout_loss") or []
+            if isinstance(r, Mapping) and r.get("loss") is not None and r.get("target_loss") is not None]
+    gaps = np.array([r["loss"] - r["target_loss"] for r in rows], dtype=float)
+    summary = {k: refs.get(k) for k in ("trained", "design", "start", "base_model", "architecture", "trainer", "train",
+                                        "population", "audited_per_reference", "in_per_text", "cost_s")}
+    summary.update(
+        reference_loss=float(np.median([r["loss"] for r in rows])) if rows else None,
+        target_loss=float(np.median([r["target_loss"] for r in rows])) if rows else None,
+        loss_gap=float(np.median(gaps)) if rows else None,
+        much_worse=int((gaps > REFERENCE_LOSS_GAP).sum()),
+    )
+    if summary["much_worse"]:
+        warnings.append(
+            f"reference models: {summary['much_worse']} of {len(rows)} have a held-out loss on the non-members "
+            f"more than {REFERENCE_LOSS_GAP:g} nats a token above the target's (median {summary['reference_loss']:.2f} "
+            f"against {summary['target_loss']:.2f}): references much worse than the target are poor stand-ins for it "
+            f"and weaken LiRA and RMIA; train them like the target (--reference-config), on more population texts, "
+            f"or from the target's base (--reference-base)")
+    in_text, trained = refs.get("in_per_text"), refs.get("trained")
+    if "lira_online" in attack_names and in_text and trained:
+        fewest = min(int(in_text[0]), int(trained) - int(in_text[1]))
+        if fewest < MIN_ONLINE_MODELS:
+            warnings.append(
+                f"lira_online: some texts have only {fewest} reference model(s) on one side (in or out of their "
+                f"training set); its per-text means are then single noisy values: train more reference models "
+                f"(--train-references); rmia and lira_offline need fewer")
+    return jsonable(summary)
+
+
 def withheld_tprs(models: Sequence[Mapping[str, Any]], key: str) -> dict[str, int | None]:
     """The shown FPRs (``SHOWN_FPRS``) at which no attack of any of ``models`` on split ``key``
     (``"attacks"`` or ``"canary_attacks"``) has a TPR (too few non-members: each withheld),
@@ -176,6 +214,7 @@ def assemble(snapshot: RunSnapshot, *, include_texts: bool = False, title: str |
         bound_rows += b
     _tpr_warning(models, warnings)
     fleet = _fleet(snapshot.fleet_keep, {a for m in models for a in m["attacks"]}, warnings)
+    references = _references(snapshot.audit_inputs, {a for m in models for a in m["attacks"]}, warnings)
     manifest = snapshot.manifest
     if isinstance(manifest, Unreadable):
         warnings.append(str(manifest))
@@ -193,6 +232,8 @@ def assemble(snapshot: RunSnapshot, *, include_texts: bool = False, title: str |
         "audit_inputs": jsonable(inputs) if inputs is not None else None,
         # audit-model: the model-free classifier on the member / non-member split (dpaudit.blind)
         "blind_baseline": jsonable((inputs or {}).get("blind_baseline")),
+        # audit-model --train-references: the reference models trained for the audit
+        "references": references,
         "step_audit": _step_audit(snapshot.step_audit, warnings),
         "config": jsonable(snapshot.config),
         "manifest": jsonable(manifest),

@@ -11,6 +11,11 @@ MIN_NONMEMBERS_TIMES_FPR = 10.0
 # its TPR at 1% FPR was 0.002 against 0.073 for the loss attack; with 2-3 in and 13-14 out
 # it was 0.085 against 0.027.
 MIN_ONLINE_MODELS = 2
+# audit-model's own reference models: one whose held-out loss on the non-members exceeds the
+# target's by more than this (nats a token: perplexity 1.5 times the target's) is a poor
+# stand-in for the target (Carlini et al. 2022, arXiv 2112.03570, train them like the target),
+# and the report warns that it weakens LiRA and RMIA.
+REFERENCE_LOSS_GAP = 0.405
 # relative difference between the logged and the recomputed epsilon that is flagged
 MISMATCH_RTOL = 1e-4
 # String fields of extraction records that are never member text.

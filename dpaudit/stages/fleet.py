@@ -140,6 +140,8 @@ def train_fleet(
     }
     if config.model.base_model:  # the base by its weights, not its path: a run directory may move
         identity["base_model_sha256"] = _weights_digest(config.model.base_model)
+    if config.model.architecture:  # the shape by its config.json, not its path
+        identity["architecture_sha256"] = _architecture_digest(config.model.architecture)
     keep_path = fleet_dir / KEEP_FILE
     if keep_path.exists():
         _check_same_fleet(fleet_dir, keep, unit_ids, config, identity)
@@ -203,6 +205,17 @@ def load_fleet(fleet_dir: str | Path) -> tuple[np.ndarray, list[Path]]:
     if not indices:
         raise InputError(f"the fleet in {fleet_dir} has no complete model yet: run train_fleet first")
     return keep[indices], [_model_dir(fleet_dir, j) for j in indices]
+
+
+def job_records(fleet_dir: str | Path) -> dict[int, dict[str, Any]]:
+    """``{index: fleet_job.json}`` of the fleet's complete models (none yet: empty)."""
+    fleet_dir = Path(fleet_dir)
+    done = {}
+    for path in sorted(_model_dirs(fleet_dir)):
+        if _is_complete(path):
+            record = read_json(path / JOB_FILE)
+            done[int(record["index"])] = record
+    return done
 
 
 # --------------------------------------------------------------------------- one job
@@ -316,7 +329,7 @@ def _check_same_fleet(fleet_dir: Path, keep, unit_ids, config: Config, identity:
     if stored["unit_ids"].shape != unit_ids.shape or not np.array_equal(stored["unit_ids"], unit_ids):
         refuse("other candidates (their unit ids differ)")
     names = {"candidates_sha256": "other candidates", "tokenizer_sha256": "another tokenizer",
-             "base_model_sha256": "another base model"}
+             "base_model_sha256": "another base model", "architecture_sha256": "another architecture"}
     for key, value in identity.items():
         if key in stored and str(stored[key]) != value:
             refuse(names[key])
@@ -327,8 +340,9 @@ def _check_same_fleet(fleet_dir: Path, keep, unit_ids, config: Config, identity:
         old = load_config(config_path).to_dict()
         new = config.to_dict()
         for section in _TRAINING_SECTIONS:
-            # the base model is compared by its weights above
-            diff = sorted(_diff(old.get(section), new.get(section), section) - {"train.device", "model.base_model"})
+            # the base model is compared by its weights above, the architecture by its config.json
+            diff = sorted(_diff(old.get(section), new.get(section), section)
+                          - {"train.device", "model.base_model", "model.architecture"})
             if diff:
                 refuse(f"another training config ({', '.join(diff)} differ)")
 
@@ -368,6 +382,18 @@ def _tokenizer_digest(tokenizer) -> str:
     vocab = sorted(tokenizer.get_vocab().items())
     special = sorted(str(t) for t in getattr(tokenizer, "all_special_tokens", []))
     return hashlib.sha256(json.dumps([vocab, special]).encode()).hexdigest()
+
+
+def _architecture_digest(model_dir: str | Path) -> str:
+    """sha256 of a model's config.json without its bookkeeping (``_name_or_path``,
+    ``transformers_version``): two copies of one architecture are one."""
+    path = Path(model_dir) / "config.json"
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return hashlib.sha256(str(model_dir).encode()).hexdigest()
+    kept = {k: v for k, v in raw.items() if not k.startswith("_") and k != "transformers_version"}
+    return hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest()
 
 
 def _weights_digest(model_dir: str | Path) -> str:

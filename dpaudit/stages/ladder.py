@@ -133,7 +133,8 @@ def twin_config(config: Config, records: dict, *, base: Path, batch_sizes: dict[
     raw["data"]["num_patients"] = lad.twin_patients
     raw["canaries"] = {"set": ISOLATED_CANARIES, "num": lad.input_space_canaries, "repetitions": 1,
                        "inclusion_prob": 0.5, "secrets": {"num": 0}}
-    raw["model"].update(base_model=str(base), trainable=ISOLATED_TRAINABLE, lora={"enabled": False})
+    raw["model"].update(base_model=str(base), architecture=None, trainable=ISOLATED_TRAINABLE,
+                        lora={"enabled": False})
     raw["pretrain"]["enabled"] = False
     raw["fleet"]["num_models"] = 0
     raw["attack"] = {**raw["attack"], "attacks": ["reference"], "params": {}}

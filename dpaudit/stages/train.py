@@ -34,7 +34,8 @@ def effective_config(rundir: RunDir, config: Config, name: str | None) -> Config
     reference fleet uses); it fine-tunes the run's base model when there is one."""
     cfg = config.for_model(name) if name is not None else config
     if config.trains_base():
-        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, base_model=str(rundir.base_dir.resolve())))
+        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, base_model=str(rundir.base_dir.resolve()),
+                                                                 architecture=None))
     return cfg
 
 
