@@ -9,7 +9,7 @@ then uses only the objects it returns, so that ``dpaudit validate`` audits Opacu
 path. Pick one on the command line::
 
     dpaudit validate --step dpaudit.adapters.opacus:step_ghost_flat --noise-multiplier 1 \\
-        --max-grad-norm 1 --expected-batch-size 8
+        --max-grad-norm 1 --expected-batch-size 8 [--model-dir MY_MODEL | --arch llama]
     dpaudit validate --trainer dpaudit.adapters.opacus:train_hooks_flat --epsilon 4 --delta 1e-5
 
 Plug-ins, one per ``grad_sample_mode`` x ``clipping`` that Opacus offers:
@@ -92,8 +92,8 @@ What users hit, and what these plug-ins do about it:
   its loss wrapper calls the criterion with the criterion's own reduction ("mean"; 1.5.x set it
   to "none"), so the "per-sample" loss is the batch's mean and the whole batch's gradient is
   scaled by the mean clipping factor. The step validator finds it ``violated`` under 1.6.0
-  and ``consistent`` under 1.5.3 (a tiny GPT-NeoX, S = 1/3, 600 runs a side;
-  ``benchmarks/bench_opacus_adapters.py``).
+  and ``consistent`` under 1.5.3 (its tiny GPT-NeoX's ``spread`` canary, S = 1/3, 600 runs a
+  side; ``benchmarks/bench_opacus_adapters.py``).
 
 Only ``train.dp.unit: example`` (Opacus clips per example). The trainer trains in float32,
 one physical batch per step (``train.microbatch_size`` is not used).
