@@ -10,7 +10,8 @@ the sound bound, its ceiling and the seconds.
 Step rows: :func:`dpaudit.stages.validate_step.validate_step` (``dpaudit validate --step``) at
 S = 1, C = 1 and B = 8, every canary, on its own tiny GPT-2, or on its tiny GPT-NeoX
 (``--arch gpt_neox``) for the modes that do not run GPT-2, 24 runs a side unless the row says
-otherwise; ghost adaptive clipping at S = 1/3 on GPT-NeoX's ``spread`` canary alone; the faults
+otherwise; ghost adaptive clipping at S = 1/3 on GPT-NeoX's ``spread`` canary alone, the embedding norm
+fault at S = 0.5 also on the untied GPT-2's ``embedding`` canary alone; the faults
 of ``tests/adapters/opacus_faults.py`` beside the correct steps. Model-directory rows (``--only
 model-dir``): the user's own tiny Llama and GPT-NeoX (``tests/adapters/opacus_models.py``, saved
 with ``save_pretrained(safe_serialization=True)``) through ``validate --step --model-dir DIR``
@@ -44,11 +45,13 @@ STEP_ROWS = [  # (plug-in or fault, S, repetitions)
     ("step_ghost_adaptive", 1 / 3, 600),
     ("tenth_noise_hooks", 1.0, 24), ("tenth_noise_functorch", 1.0, 24), ("tenth_noise_ghost", 1.0, 24),
     ("module_bound_ghost", 1.0, 24), ("half_linear_norm_ghost", 0.5, 300), ("half_embedding_norm_ghost", 1.0, 200),
-    ("half_conv1d_norm_ghost", 1.0, 200),
+    ("half_conv1d_norm_ghost", 1.0, 200), ("half_embedding_norm_ghost", 0.5, 100),
 ]
 FAULT_ARCH = {"half_linear_norm_ghost": "gpt_neox", "half_embedding_norm_ghost": "gpt2",
               "half_conv1d_norm_ghost": "gpt2"}
-ONE_CANARY = {("step_ghost_adaptive", 1 / 3): ["spread"]}  # 600 runs a side of one canary
+ONE_CANARY = {("step_ghost_adaptive", 1 / 3): ["spread"],  # 600 runs a side of one canary
+              ("half_embedding_norm_ghost", 0.5): ["embedding"]}  # on the untied GPT-2 (UNTIED)
+UNTIED = {("half_embedding_norm_ghost", 0.5)}
 MODEL_DIR_ROWS = [  # (arch, plug-in or fault, S, repetitions)
     ("llama", "step_ghost_flat", 1.0, 24), ("llama", "half_linear_norm_ghost", 0.5, 200),
     ("gpt_neox", "step_ghost_flat", 1.0, 24), ("gpt_neox", "half_linear_norm_ghost", 0.5, 100),
@@ -67,15 +70,17 @@ def step_rows(version: str):
         mode = name.split("_")[1] if name.startswith("step_") else name.rsplit("_", 1)[1]
         arch = FAULT_ARCH.get(name) or (adapter.SUPPORT[mode][0] if sigma == 1.0 else "gpt_neox")
         canaries = ONE_CANARY.get((name, sigma))
+        tied = False if (name, sigma) in UNTIED else None
         started = time.perf_counter()
         torch.manual_seed(0)  # ghost adaptive clipping draws from torch's global generator
         try:
             r = validate_step(step=step, noise_multiplier=sigma, max_grad_norm=1.0, expected_batch_size=8,
-                              repetitions=reps, arch=arch, canaries=canaries)
+                              repetitions=reps, arch=arch, tied=tied, canaries=canaries)
             cells = _step_cells(r)
         except InputError as err:
             cells = ["refused: " + str(err).split(": ", 2)[-1][:70], "", "", ""]
-        setting = f"{arch}{' ' + canaries[0] if canaries else ''}, S={sigma:.3g}, C=1, R={reps}"
+        setting = (f"{arch}{' untied' if tied is False else ''}{' ' + canaries[0] if canaries else ''}, "
+                   f"S={sigma:.3g}, C=1, R={reps}")
         print(f"| {name} | {setting} | {version} | {cells[0]} | {cells[1]} | {1 / sigma:.2f} | {cells[2]} | "
               f"{cells[3]} | {time.perf_counter() - started:.1f} |", flush=True)
 
