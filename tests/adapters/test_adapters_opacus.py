@@ -439,7 +439,7 @@ def test_a_linear_norm_fault_is_caught_by_the_step_audit_and_missed_by_the_black
     - ``validate --step ...:half_linear_norm_ghost --model-dir DIR`` at S = 0.5 (claimed mu 2),
       every canary: violated, the excess shown by a canary whose gradient lies on ``nn.Linear``
       layers (the weights, the untied output layer, or GPT-NeoX's biases, which ghost clipping's
-      ``nn.Linear`` norm covers); 200 runs a side on the Llama (about 60 s), 100 on GPT-NeoX.
+      ``nn.Linear`` norm covers); 200 runs a side on the Llama, 100 on GPT-NeoX (1 to 2 minutes).
     - ``validate --trainer ...:train_half_linear_norm_ghost`` (the same fault in Opacus's
       ``make_private`` trainer) fine-tuning that directory, every parameter trained (validate's
       default trains the input embeddings alone, where the fault changes nothing), 100 canaries,
