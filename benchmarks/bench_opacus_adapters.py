@@ -4,21 +4,28 @@ the sound bound, its ceiling and the seconds.
 
     python benchmarks/bench_opacus_adapters.py                      # step audits, then validate runs
     python benchmarks/bench_opacus_adapters.py --only steps
+    python benchmarks/bench_opacus_adapters.py --only model-dir
     PYTHONPATH=.ci/opacus-oldest:. python benchmarks/bench_opacus_adapters.py   # the oldest Opacus
 
 Step rows: :func:`dpaudit.stages.validate_step.validate_step` (``dpaudit validate --step``) at
-S = 1, B = 8 and C = 1 on its own tiny GPT-2, or at C = 0.1 on a tiny GPT-NeoX for the modes
-that do not run GPT-2 (``tests/adapters/opacus_models.py``), 24 runs a side unless the row says
-otherwise; the faults of ``tests/adapters/opacus_faults.py`` beside the correct steps. Trainer
-rows: :func:`dpaudit.stages.validate.validate` (``dpaudit validate --trainer``) on the ``tiny``
-preset with 100 canaries, claimed epsilon 4 at delta 1e-3 (the accountant's is about 2.5);
-ExpandedWeights fine-tunes a tiny GPT-NeoX. One torch thread.
+S = 1, C = 1 and B = 8, every canary, on its own tiny GPT-2, or on its tiny GPT-NeoX
+(``--arch gpt_neox``) for the modes that do not run GPT-2, 24 runs a side unless the row says
+otherwise; ghost adaptive clipping at S = 1/3 on GPT-NeoX's ``spread`` canary alone, the embedding norm
+fault at S = 0.5 also on the untied GPT-2's ``embedding`` canary alone; the faults
+of ``tests/adapters/opacus_faults.py`` beside the correct steps. Model-directory rows (``--only
+model-dir``): the user's own tiny Llama and GPT-NeoX (``tests/adapters/opacus_models.py``, saved
+with ``save_pretrained(safe_serialization=True)``) through ``validate --step --model-dir DIR``
+(ghost clipping, and its ``nn.Linear`` norm halved at S = 0.5) and ``validate --trainer`` with the
+same fault (every parameter trained, 100 canaries, claimed epsilon 2.6 at delta 1e-3), as
+``test_a_linear_norm_fault_is_caught_by_the_step_audit_and_missed_by_the_black_box`` runs them.
+Trainer rows: :func:`dpaudit.stages.validate.validate` (``dpaudit validate --trainer``) on the
+``tiny`` preset with 100 canaries, claimed epsilon 4 at delta 1e-3 (the accountant's is about
+2.5); ExpandedWeights fine-tunes a tiny GPT-NeoX. One torch thread.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import sys
 import tempfile
 import time
@@ -38,25 +45,17 @@ STEP_ROWS = [  # (plug-in or fault, S, repetitions)
     ("step_ghost_adaptive", 1 / 3, 600),
     ("tenth_noise_hooks", 1.0, 24), ("tenth_noise_functorch", 1.0, 24), ("tenth_noise_ghost", 1.0, 24),
     ("module_bound_ghost", 1.0, 24), ("half_linear_norm_ghost", 0.5, 300), ("half_embedding_norm_ghost", 1.0, 200),
-    ("half_conv1d_norm_ghost", 1.0, 200),
+    ("half_conv1d_norm_ghost", 1.0, 200), ("half_embedding_norm_ghost", 0.5, 100),
 ]
 FAULT_ARCH = {"half_linear_norm_ghost": "gpt_neox", "half_embedding_norm_ghost": "gpt2",
               "half_conv1d_norm_ghost": "gpt2"}
-
-
-@contextlib.contextmanager
-def validator_model(arch: str):
-    """The step validator audits a tiny ``arch`` (GPT-2: its own) within the context."""
-    import dpaudit.models
-    from opacus_models import build
-
-    saved = dpaudit.models.build_model
-    if arch != "gpt2":
-        dpaudit.models.build_model = lambda *, vocab_size, seed, **_: build(arch, vocab_size=vocab_size, seed=seed)
-    try:
-        yield
-    finally:
-        dpaudit.models.build_model = saved
+ONE_CANARY = {("step_ghost_adaptive", 1 / 3): ["spread"],  # 600 runs a side of one canary
+              ("half_embedding_norm_ghost", 0.5): ["embedding"]}  # on the untied GPT-2 (UNTIED)
+UNTIED = {("half_embedding_norm_ghost", 0.5)}
+MODEL_DIR_ROWS = [  # (arch, plug-in or fault, S, repetitions)
+    ("llama", "step_ghost_flat", 1.0, 24), ("llama", "half_linear_norm_ghost", 0.5, 200),
+    ("gpt_neox", "step_ghost_flat", 1.0, 24), ("gpt_neox", "half_linear_norm_ghost", 0.5, 100),
+]
 
 
 def step_rows(version: str):
@@ -70,19 +69,68 @@ def step_rows(version: str):
         step = FAULTS.get(name) or getattr(adapter, name)
         mode = name.split("_")[1] if name.startswith("step_") else name.rsplit("_", 1)[1]
         arch = FAULT_ARCH.get(name) or (adapter.SUPPORT[mode][0] if sigma == 1.0 else "gpt_neox")
-        c = 1.0 if arch == "gpt2" else 0.1
+        canaries = ONE_CANARY.get((name, sigma))
+        tied = False if (name, sigma) in UNTIED else None
         started = time.perf_counter()
         torch.manual_seed(0)  # ghost adaptive clipping draws from torch's global generator
-        with validator_model(arch):
-            try:
-                r = validate_step(step=step, noise_multiplier=sigma, max_grad_norm=c, expected_batch_size=8,
-                                  repetitions=reps)
-                numbers = (r["mu_lower_bound"], r["mu_ceiling"], r["estimate"]["mu"])
-                cells = [r["verdict"], *(f"{x:.2f}" for x in numbers)]
-            except InputError as err:
-                cells = ["refused: " + str(err).split(": ", 2)[-1][:70], "", "", ""]
-        print(f"| {name} | {arch}, S={sigma:.3g}, C={c:g}, R={reps} | {version} | {cells[0]} | {cells[1]} | "
-              f"{1 / sigma:.2f} | {cells[2]} | {cells[3]} | {time.perf_counter() - started:.1f} |", flush=True)
+        try:
+            r = validate_step(step=step, noise_multiplier=sigma, max_grad_norm=1.0, expected_batch_size=8,
+                              repetitions=reps, arch=arch, tied=tied, canaries=canaries)
+            cells = _step_cells(r)
+        except InputError as err:
+            cells = ["refused: " + str(err).split(": ", 2)[-1][:70], "", "", ""]
+        setting = (f"{arch}{' untied' if tied is False else ''}{' ' + canaries[0] if canaries else ''}, "
+                   f"S={sigma:.3g}, C=1, R={reps}")
+        print(f"| {name} | {setting} | {version} | {cells[0]} | {cells[1]} | {1 / sigma:.2f} | {cells[2]} | "
+              f"{cells[3]} | {time.perf_counter() - started:.1f} |", flush=True)
+
+
+def _step_cells(r: dict) -> list[str]:
+    """verdict (and the canary that showed a violation), bound, ceiling, estimate."""
+    verdict = r["verdict"] + (f" ({r['canary']})" if r["verdict"] == "violated" else "")
+    return [verdict, *(f"{x:.2f}" for x in (r["mu_lower_bound"], r["mu_ceiling"], r["estimate"]["mu"]))]
+
+
+def users_model(arch: str, directory: Path):
+    """The user's own tiny ``arch`` and its tokenizer, saved in ``directory``."""
+    from opacus_models import build
+
+    from dpaudit.data.tokenizer import train_tokenizer
+
+    tokenizer = train_tokenizer([f"w{i} w{i + 1} note {i % 7}" for i in range(200)], vocab_size=300)
+    build(arch, vocab_size=len(tokenizer)).save_pretrained(directory, safe_serialization=True)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+def model_dir_rows(version: str):
+    """``validate --step --model-dir`` on the user's Llama and GPT-NeoX, then ``validate
+    --trainer`` with the nn.Linear fault fine-tuning each (every parameter trained)."""
+    from opacus_faults import FAULTS
+
+    from dpaudit.adapters import opacus as adapter
+    from dpaudit.stages.validate import validate
+    from dpaudit.stages.validate_step import validate_step
+
+    with tempfile.TemporaryDirectory(prefix="bench-opacus-") as work:
+        dirs = {arch: users_model(arch, Path(work) / arch) for arch in ("llama", "gpt_neox")}
+        for arch, name, sigma, reps in MODEL_DIR_ROWS:
+            started = time.perf_counter()
+            r = validate_step(step=FAULTS.get(name) or getattr(adapter, name), noise_multiplier=sigma,
+                              max_grad_norm=1.0, expected_batch_size=8, repetitions=reps, model_dir=dirs[arch])
+            cells = _step_cells(r)
+            print(f"| {name} | --model-dir {arch}, S={sigma:.3g}, C=1, R={reps} | {version} | {cells[0]} | "
+                  f"{cells[1]} | {1 / sigma:.2f} | {cells[2]} | {cells[3]} | {time.perf_counter() - started:.1f} |",
+                  flush=True)
+        for arch, directory in dirs.items():
+            started = time.perf_counter()
+            r = validate(trainer="tests.adapters.opacus_faults:train_half_linear_norm_ghost", epsilon=2.6, delta=1e-3,
+                         canaries=100, config="tiny", out=Path(work) / f"run-{arch}", overrides=[
+                             "train.dp.noise_multiplier=1.0", f"model.base_model={directory}",
+                             "pretrain.enabled=false", "model.trainable=all"])
+            print(f"| train_half_linear_norm_ghost | base model {arch}, all trained, 100 canaries | {version} | "
+                  f"{r['verdict']} | {r['epsilon_lower_bound']:.2f} | 2.6 | {r['ceiling']:.2f} | | "
+                  f"{time.perf_counter() - started:.1f} |", flush=True)
 
 
 def trainer_rows(version: str):
@@ -112,7 +160,7 @@ def trainer_rows(version: str):
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", choices=("steps", "trainers"))
+    parser.add_argument("--only", choices=("steps", "model-dir", "trainers"))
     args = parser.parse_args(argv)
     import opacus
 
@@ -121,9 +169,11 @@ def main(argv=None) -> int:
     print("| plug-in | setting | Opacus | verdict | bound (mu; epsilon for trainers) | claim | ceiling | "
           "estimate | seconds |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-    if args.only != "trainers":
+    if args.only in (None, "steps"):
         step_rows(opacus.__version__)
-    if args.only != "steps":
+    if args.only in (None, "model-dir"):
+        model_dir_rows(opacus.__version__)
+    if args.only in (None, "trainers"):
         trainer_rows(opacus.__version__)
     return 0
 

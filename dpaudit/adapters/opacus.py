@@ -9,7 +9,7 @@ then uses only the objects it returns, so that ``dpaudit validate`` audits Opacu
 path. Pick one on the command line::
 
     dpaudit validate --step dpaudit.adapters.opacus:step_ghost_flat --noise-multiplier 1 \\
-        --max-grad-norm 1 --expected-batch-size 8
+        --max-grad-norm 1 --expected-batch-size 8 [--model-dir MY_MODEL | --arch llama]
     dpaudit validate --trainer dpaudit.adapters.opacus:train_hooks_flat --epsilon 4 --delta 1e-5
 
 Plug-ins, one per ``grad_sample_mode`` x ``clipping`` that Opacus offers:
@@ -92,14 +92,15 @@ What users hit, and what these plug-ins do about it:
   its loss wrapper calls the criterion with the criterion's own reduction ("mean"; 1.5.x set it
   to "none"), so the "per-sample" loss is the batch's mean and the whole batch's gradient is
   scaled by the mean clipping factor. The step validator finds it ``violated`` under 1.6.0
-  and ``consistent`` under 1.5.3 (a tiny GPT-NeoX, S = 1/3, 600 runs a side;
-  ``benchmarks/bench_opacus_adapters.py``).
+  and ``consistent`` under 1.5.3 (its tiny GPT-NeoX's ``spread`` canary, S = 1/3, 600 runs a
+  side; ``benchmarks/bench_opacus_adapters.py``).
 
 Only ``train.dp.unit: example`` (Opacus clips per example). The trainer trains in float32,
 one physical batch per step (``train.microbatch_size`` is not used).
 
-Faulty variants for the audit's tests live in ``tests/adapters/opacus_faults.py``: they take a
-plug-in of :func:`make_step` and change one object after ``make_private`` (``tamper``).
+Faulty variants for the audits' tests live in ``tests/adapters/opacus_faults.py``: they take a
+plug-in of :func:`make_step` (or :func:`make_trainer`) and change one object after
+``make_private`` (``tamper``).
 """
 
 from __future__ import annotations
@@ -405,17 +406,23 @@ def _as_batch(rows, device: torch.device) -> Batch | None:
     return Batch(rows["input_ids"], rows["attention_mask"], rows["labels"], rows["position_ids"]).to(device)
 
 
-def make_trainer(mode: str, clipping: str) -> Callable[..., Any]:
+def make_trainer(mode: str, clipping: str, *, tamper: Callable[[Private], None] | None = None,
+                 name: str | None = None) -> Callable[..., Any]:
     """A trainer plug-in ``train(dataset, tokenizer, *, seed, config=None, record=None,
     eval_dataset=None)`` (:mod:`dpaudit.plugins`): a plain PyTorch loop over what
-    ``make_private`` returns. ``config=None`` is the ``tiny`` preset at noise multiplier 1."""
+    ``make_private`` returns. ``config=None`` is the ``tiny`` preset at noise multiplier 1.
+    ``tamper``, for tests of the audits (as :func:`make_step`'s), changes the objects
+    ``make_private`` returned before the first step; ``name``, its ``MODULE:FUNCTION``, is what
+    the DP record names as the trainer (default ``dpaudit.adapters.opacus:train_MODE_CLIPPING``)."""
     check_mode(mode, clipping)
-    spec = f"dpaudit.adapters.opacus:train_{mode}_{clipping}"
+    spec = name or f"dpaudit.adapters.opacus:train_{mode}_{clipping}"
+    if ":" not in spec:
+        raise InputError(f"name must be MODULE:FUNCTION, got {spec!r}")
 
     def train(dataset, tokenizer, *, seed: int, config: Config | None = None, record: TrainingRecord | None = None,
               eval_dataset=None):
         return _train(dataset, tokenizer, seed=seed, config=config, record=record, eval_dataset=eval_dataset,
-                      mode=mode, clipping=clipping, spec=spec)
+                      mode=mode, clipping=clipping, spec=spec, tamper=tamper)
 
     train.__name__ = train.__qualname__ = spec.rpartition(":")[2]
     train.__doc__ = (f"DP-SGD by Opacus's make_private(grad_sample_mode={mode!r}, clipping={clipping!r}, "
@@ -426,7 +433,7 @@ def make_trainer(mode: str, clipping: str) -> Callable[..., Any]:
 
 
 def _train(dataset, tokenizer, *, seed: int, config: Config | None, record: TrainingRecord | None, eval_dataset,
-           mode: str, clipping: str, spec: str):
+           mode: str, clipping: str, spec: str, tamper: Callable[[Private], None] | None = None):
     """The trainer of :func:`make_trainer`: data, a data loader of batches of ``train.batch_size``
     rows, a model (:func:`dpaudit.models.make_model`), its optimizer, ``make_private``, the loop."""
     from dpaudit.models import make_model
@@ -471,6 +478,8 @@ def _train(dataset, tokenizer, *, seed: int, config: Config | None, record: Trai
                                clipping=clipping, noise_multiplier=sigma, max_grad_norm=dp.max_grad_norm,
                                noise_generator=noise)
         try:
+            if tamper is not None:
+                tamper(private)
             log, sizes, nonfinite = _loop(private, train=train, steps=steps, noise=noise if secure else None,
                                           evaluation=evaluation, device=device)
         finally:

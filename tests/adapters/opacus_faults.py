@@ -1,6 +1,6 @@
-"""Faults injected into the objects Opacus's ``make_private`` returns, for the step audit's
-tests. NEVER use them to train. Each is a step plug-in of
-:func:`dpaudit.adapters.opacus.make_step` whose ``tamper`` changes one object before the step:
+"""Faults injected into the objects Opacus's ``make_private`` returns, for the audits' tests.
+NEVER use them to train. Each is a step plug-in of :func:`dpaudit.adapters.opacus.make_step`
+whose ``tamper`` changes one object before the step:
 
 =============================  ================================================================
 ``tenth_noise_MODE``           the optimizer's ``noise_multiplier`` divided by 10 after
@@ -14,13 +14,18 @@ tests. NEVER use them to train. Each is a step plug-in of
 ``module_bound_ghost``         ghost clipping's bound kept in the module (which clips) set to
                                10 C while the optimizer (which adds noise) keeps C
 =============================  ================================================================
+
+From the repository root they are ``tests.adapters.opacus_faults:NAME`` for ``dpaudit validate
+--step`` (:data:`FAULTS` by name). ``train_half_linear_norm_ghost`` is the ``nn.Linear`` fault
+in a trainer plug-in of :func:`dpaudit.adapters.opacus.make_trainer`, for ``dpaudit validate
+--trainer``: the black-box audit of the model it trains.
 """
 
 from __future__ import annotations
 
 from torch import nn
 
-from dpaudit.adapters.opacus import Private, make_step
+from dpaudit.adapters.opacus import Private, make_step, make_trainer
 
 
 def _tenth_noise(private: Private) -> None:
@@ -61,3 +66,7 @@ FAULTS = {name: make_step(mode, "flat", tamper=tamper, name=name) for name, mode
     ("half_conv1d_norm_ghost", "ghost", _half_conv1d_norm),
     ("module_bound_ghost", "ghost", _module_bound),
 )}
+globals().update(FAULTS)  # tests.adapters.opacus_faults:NAME on the command line
+
+train_half_linear_norm_ghost = make_trainer("ghost", "flat", tamper=_half_norm(nn.Linear),
+                                            name="tests.adapters.opacus_faults:train_half_linear_norm_ghost")

@@ -1,5 +1,7 @@
-"""Tiny causal LMs of the four architectures, built from configs (nothing downloaded), and a way
-to hand one to the step validator in place of its own tiny GPT-2."""
+"""Tiny causal LMs of the four architectures, built from their transformers configs (nothing
+downloaded), as a user would build their own: for the tests of which Opacus mode runs which
+architecture, and, saved with ``save_pretrained``, as the user's own model directory. (The step
+validator builds its own tiny models of these families: ``dpaudit validate --step --arch``.)"""
 
 from __future__ import annotations
 
@@ -42,13 +44,3 @@ def build(arch: str, *, vocab_size: int = VOCAB, seed: int = 0):
         model = configs[arch]()
     return model.train()
 
-
-def use_in_validator(arch: str, monkeypatch) -> None:
-    """Make the step validator audit a tiny ``arch`` for the rest of the test: it builds its model
-    with ``dpaudit.models.build_model`` (imported when it runs), which builds that instead (GPT-2:
-    unchanged). The validator raises its GPT-2's final layer-norm gain when the canary's
-    gradient norm is below 10 C, which other architectures lack: audit them at a C below a tenth
-    of their canary's norm at initialization (C = 0.1 does)."""
-    if arch != "gpt2":
-        monkeypatch.setattr("dpaudit.models.build_model",
-                            lambda *, vocab_size, seed, **_: build(arch, vocab_size=vocab_size, seed=seed))
