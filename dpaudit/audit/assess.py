@@ -204,7 +204,8 @@ def assess(*, bounds: Sequence[tuple[str, BoundResult]], claim: Claim, learned: 
                                    reason=f"the trainer's accounting is not of the training it ran: {mismatch}")
     if checks is not None and not checks.get("ok", True):
         # batch_size: the sampler's; steps and noise: a wrapped loop's (dpaudit.adapters.loop)
-        failed = [k for k in ("batch_size", "steps", "noise") if (checks.get(k) or {}).get("consistent") is False]
+        failed = [k for k in ("batch_size", "steps", "noise")
+                  if isinstance(checks.get(k), dict) and checks[k].get("consistent") is False]
         reason = ("the trainer's own checks failed (" + (", ".join(failed) or "see train_checks.json") +
                   "): its sampling or its updates are not what its accounting assumes")
         return dataclasses.replace(verdict, status=Status.VIOLATED, reason=reason)
