@@ -6,13 +6,14 @@
 Reads the ladder (``report.json``: ``models[i].rungs``) of finished ``dpaudit run``s, or first
 trains the default demo (``dpaudit run``, its ladder on) with the seeds 0 .. N-1 into
 ``DIR/seed-K``, and prints, for every DP model and rung, the bound over the runs (median and
-range), its ratio to the accountant's epsilon and to the rung's own ceiling (the median bound
-of the same tests on the ideal scores of the rung's regime: ``dpaudit.audit.ladder``), then
-the issue's goals, each with the figures that meet it or not:
+range), its ratio to the accountant's epsilon and to the rung's own ideal (the median bound
+of the same tests on the ideal scores of the rung's regime, a perfect attack on a run that
+keeps the claim: ``dpaudit.audit.ladder``; the report's ``rungs[].ideal``), then the goals,
+each with the figures that meet it or not:
 
 - the strongest rung reaches at least 0.45 at epsilon 1, 2.4 at epsilon 4, and 0.6 epsilon at
   the largest epsilon whose claim is testable;
-- every rung reaches at least 0.8 times its own ceiling;
+- every rung reaches at least 0.8 times its own ideal;
 - the released model's rung is above 0 on at least the largest-epsilon DP model.
 """
 
@@ -27,7 +28,7 @@ import numpy as np
 
 GOALS = {1.0: 0.45, 4.0: 2.4}  # epsilon -> the strongest rung's bound it must reach
 LARGEST_RATIO = 0.6  # at the largest testable epsilon: 0.6 epsilon
-CEILING_RATIO = 0.8  # every rung: 0.8 x its own ceiling
+IDEAL_RATIO = 0.8  # every rung: 0.8 x its own ideal
 
 
 def train(seeds: int, out: Path) -> list[Path]:
@@ -43,7 +44,7 @@ def train(seeds: int, out: Path) -> list[Path]:
 
 
 def collect(runs: list[Path]) -> dict[str, dict]:
-    """``{model: {"epsilon", "unit", "verdicts", "rungs": {rung: {"bounds", "ceilings", "refused"}}}}``."""
+    """``{model: {"epsilon", "unit", "verdicts", "rungs": {rung: {"bounds", "ideals", "refused"}}}}``."""
     models: dict[str, dict] = {}
     for run in runs:
         report = json.loads((Path(run) / "report.json").read_text())
@@ -54,12 +55,12 @@ def collect(runs: list[Path]) -> dict[str, dict]:
                                                   "verdicts": [], "rungs": {}})
             entry["verdicts"].append(m["verdict"]["status"])
             for r in m.get("rungs", []):
-                cell = entry["rungs"].setdefault(r["rung"], {"bounds": [], "ceilings": [], "refused": []})
+                cell = entry["rungs"].setdefault(r["rung"], {"bounds": [], "ideals": [], "refused": []})
                 if r["epsilon"] is None:
                     cell["refused"].append(r["refused"])
                 else:
                     cell["bounds"].append(r["epsilon"])
-                    cell["ceilings"].append(r["ceiling"])
+                    cell["ideals"].append(r["ideal"])
     return models
 
 
@@ -89,9 +90,9 @@ def goals(models: dict[str, dict]) -> list[dict]:
                     "met": bool(strongest[m]) and min(strongest[m]) >= target})
     for m, e in models.items():
         for rung, c in e["rungs"].items():
-            ratios = [b / ceil for b, ceil in zip(c["bounds"], c["ceilings"]) if ceil]
-            out.append({"goal": f"{rung} >= {CEILING_RATIO} x its ceiling", "model": m, "values": ratios,
-                        "met": bool(ratios) and float(np.median(ratios)) >= CEILING_RATIO})
+            ratios = [b / ideal for b, ideal in zip(c["bounds"], c["ideals"]) if ideal]
+            out.append({"goal": f"{rung} >= {IDEAL_RATIO} x its ideal", "model": m, "values": ratios,
+                        "met": bool(ratios) and float(np.median(ratios)) >= IDEAL_RATIO})
     largest = max(note, key=lambda n: note[n]["epsilon"], default=None)
     if largest is not None:
         released = note[largest]["rungs"].get("released", {}).get("bounds", [])
@@ -120,16 +121,16 @@ def main() -> None:
         return
     print(f"{len(args.run)} run(s): {', '.join(str(r) for r in args.run)}")
     print(f"{'model':<16}{'epsilon':>8}  {'rung':<12}{'bound median [range]':>24}{'/ epsilon':>10}"
-          f"{'ceiling':>24}{'/ ceiling':>10}")
+          f"{'ideal':>24}{'/ ideal':>10}")
     for m, e in models.items():
         for rung, c in e["rungs"].items():
             if not c["bounds"]:
                 print(f"{m:<16}{e['epsilon']:>8.2f}  {rung:<12} refused: {c['refused'][0]}")
                 continue
             b = float(np.median(c["bounds"]))
-            ceil = float(np.median(c["ceilings"])) if all(x is not None for x in c["ceilings"]) else math.nan
+            ideal = float(np.median(c["ideals"])) if all(x for x in c["ideals"]) else math.nan
             print(f"{m:<16}{e['epsilon']:>8.2f}  {rung:<12}{_spread(c['bounds']):>24}{b / e['epsilon']:>10.2f}"
-                  f"{_spread([x for x in c['ceilings'] if x is not None]):>24}{b / ceil:>10.2f}")
+                  f"{_spread([x for x in c['ideals'] if x is not None]):>24}{b / ideal:>10.2f}")
     print("\ngoals:")
     for g in checked:
         values = ", ".join(f"{v:.2f}" for v in g["values"]) or "none"

@@ -42,6 +42,56 @@ def build_model(*, size: str, vocab_size: int, bos_token_id: int, eos_token_id: 
         return GPT2LMHeadModel(config)
 
 
+#: The families :func:`build_tiny` builds, and whether each ties its output layer to the input
+#: embedding by default (as the family's own config does).
+ARCHS: dict[str, bool] = {"gpt2": True, "llama": False, "opt": True, "gpt_neox": False}
+TINY = {"hidden": 64, "layers": 2, "heads": 2, "inner": 256, "positions": 128}  # the shapes of SIZES["tiny"]
+
+
+def build_tiny(arch: str, *, vocab_size: int, bos_token_id: int, eos_token_id: int, seed: int,
+               tied: bool | None = None) -> PreTrainedModel:
+    """A freshly initialised tiny causal LM of the family ``arch`` (:data:`ARCHS`), built from a
+    config (nothing downloaded), no dropout, with GPT-2 ``tiny``'s shapes. ``tied`` ties the
+    output layer to the input embedding (default: as the family does). ``gpt2`` is
+    :func:`build_model` (``Conv1D`` layers); ``llama``, ``opt`` and ``gpt_neox`` use
+    ``nn.Linear``, and the Llama is built with attention and MLP biases (``attention_bias``,
+    ``mlp_bias``; Llama ships without, Qwen2-style variants with) so that every kind of
+    parameter exists in each family: embeddings, attention and MLP weights, biases, norm gains."""
+    if arch not in ARCHS:
+        raise InputError(f"unknown architecture {arch!r}: expected one of {', '.join(ARCHS)}")
+    tied = ARCHS[arch] if tied is None else bool(tied)
+    if arch == "gpt2" and tied:
+        return build_model(size="tiny", vocab_size=vocab_size, bos_token_id=bos_token_id,
+                           eos_token_id=eos_token_id, seed=seed)
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM, LlamaConfig, LlamaForCausalLM, OPTConfig, OPTForCausalLM
+
+    t = TINY
+    ids = dict(vocab_size=vocab_size, bos_token_id=bos_token_id, eos_token_id=eos_token_id, pad_token_id=eos_token_id,
+               tie_word_embeddings=tied)
+    if arch == "gpt2":
+        config, cls = GPT2Config(n_layer=t["layers"], n_embd=t["hidden"], n_head=t["heads"],
+                                 n_positions=t["positions"], resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                                 **ids), GPT2LMHeadModel
+    elif arch == "llama":
+        config, cls = LlamaConfig(hidden_size=t["hidden"], intermediate_size=t["inner"], num_hidden_layers=t["layers"],
+                                  num_attention_heads=t["heads"], num_key_value_heads=t["heads"],
+                                  max_position_embeddings=t["positions"], attention_bias=True, mlp_bias=True,
+                                  **ids), LlamaForCausalLM
+    elif arch == "opt":
+        config, cls = OPTConfig(hidden_size=t["hidden"], ffn_dim=t["inner"], num_hidden_layers=t["layers"],
+                                num_attention_heads=t["heads"], word_embed_proj_dim=t["hidden"],
+                                max_position_embeddings=t["positions"], dropout=0.0, attention_dropout=0.0,
+                                activation_dropout=0.0, layerdrop=0.0, **ids), OPTForCausalLM
+    else:
+        config, cls = GPTNeoXConfig(hidden_size=t["hidden"], intermediate_size=t["inner"],
+                                    num_hidden_layers=t["layers"], num_attention_heads=t["heads"],
+                                    max_position_embeddings=t["positions"], hidden_dropout=0.0,
+                                    attention_dropout=0.0, **ids), GPTNeoXForCausalLM
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return cls(config)
+
+
 def load_model_config(path: str | Path, *, trust_remote_code: bool = False):
     """The model's ``config.json``, or an InputError when ``path`` holds no model."""
     text = str(path)

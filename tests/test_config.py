@@ -64,3 +64,38 @@ def test_missing_file_and_unknown_preset(tmp_path):
     bad.write_text("data: [1, 2\n")
     with pytest.raises(InputError, match="not valid YAML"):
         load_config(bad)
+
+
+def test_the_gpu_preset_is_the_demo_sweep_at_gpt2_size():
+    demo, gpu = load_config("demo"), load_config("gpu")
+    assert gpu.model.size == "gpt2" and gpu.train.device == "cuda" and gpu.train.precision == "auto"
+    assert gpu.pretrain.enabled and gpu.audit.ladder.enabled
+    assert gpu.model_names() == demo.model_names()
+    for name in gpu.model_names():
+        g, d = gpu.for_model(name).train, demo.for_model(name).train
+        assert (g.trainer, g.dp.target_epsilon, g.dp.unit, g.dp.delta) == (d.trainer, d.dp.target_epsilon, d.dp.unit,
+                                                                          d.dp.delta)
+
+
+@pytest.mark.slow
+def test_the_gpu_preset_runs_two_steps_at_tiny_size_on_cpu(tmp_path):
+    """The gpu preset end to end with its shape shrunk: every stage, the ladder included."""
+    from dpaudit.stages import run
+
+    raw = load_config("gpu").to_dict()
+    raw["data"].update(num_patients=30, max_length=48)
+    raw["canaries"].update(num=16, secrets={"num": 1, "enumerate_limit": 0, "sample_size": 200})
+    raw["tokenizer"]["vocab_size"] = 300
+    raw["model"]["size"] = "tiny"
+    raw["pretrain"]["steps"] = 2
+    raw["train"].update(device="cpu", steps=2, max_eval_examples=16)
+    for m in raw["models"]:
+        m.setdefault("train", {}).update(steps=2, batch_size=8)
+    raw["fleet"]["num_models"] = 2
+    raw["audit"]["ladder"].update(input_space_canaries=64, gradient_canaries=10_000)
+    result = run(load_config(raw), out=tmp_path / "gpu")
+    assert result.ok, result.failed
+    models = {m["name"]: m for m in result.report["models"]}
+    assert set(models) == {"nonprivate", "dp-eps1", "dp-eps4", "dp-eps12", "dp-eps4-patient"}
+    for name in ("dp-eps1", "dp-eps4", "dp-eps12", "dp-eps4-patient"):
+        assert [r["rung"] for r in models[name]["rungs"]] == ["released", "input_space", "white_box"]

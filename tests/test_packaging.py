@@ -21,7 +21,7 @@ def test_package_data_is_found():
     assert resources.files("dpaudit.presets").joinpath("demo.yaml").is_file()
     assert resources.files("dpaudit.canary_sets").joinpath("new_token.yaml").is_file()
     templates = resources.files("dpaudit.report").joinpath("templates")
-    assert templates.joinpath("base.html").is_file() and templates.joinpath("sections/compliance.html").is_file()
+    assert templates.joinpath("base.html").is_file() and templates.joinpath("sections/ladder.html").is_file()
     vocab = resources.files("dpaudit.data").joinpath("clinical_vocab")
     for name in ("diagnoses.yaml", "patients.yaml", "phrasing.yaml"):
         assert vocab.joinpath(name).is_file(), name

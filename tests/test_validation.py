@@ -54,7 +54,7 @@ def test_readme_example_on_tiny_is_inconclusive(tmp_path, capsys):
     assert code == 3 and result["verdict"] == "inconclusive"
     assert result["ceiling"] <= 3.2 and "canaries" in result["reason"]
     assert set(result) == {"verdict", "reason", "epsilon_lower_bound", "method", "significance", "num_canaries",
-                           "num_guesses", "num_correct", "claimed_epsilon", "delta", "ceiling"}
+                           "num_guesses", "num_correct", "claimed_epsilon", "delta", "ceiling", "rungs"}
     # validate runs the stages up to the attack: no extraction, no report
     model = tmp_path / "v" / "models" / "validate"
     assert (model / "results").is_dir() and not (model / "extraction.json").exists()
@@ -144,6 +144,16 @@ def test_validate_isolates_its_canaries_unless_told_otherwise():
     assert (cfg.train.optimizer, cfg.train.lr) == ("adamw", 0.003)  # and the preset's optimizer
 
 
+def test_white_box_rung_catches_a_claim_the_noise_does_not_earn(tmp_path, capsys):
+    """sigma 1 over 10 full steps is epsilon 14.1 at delta 1e-3: a claim of 4 is false, and the
+    white-box rung (gradient canaries in the trainer's own DP-SGD run) shows it."""
+    code, out, _ = validate(capsys, "--trainer", "dpaudit.train:dpsgd", "--epsilon", "4", "--delta", "1e-3",
+                            "--full-batch", "--set", "train.dp.noise_multiplier=1.0", "--out", str(tmp_path / "v"))
+    result = json.loads(out)
+    assert code == 1 and result["verdict"] == "violated" and "white_box" in result["reason"]
+    assert 4 < result["epsilon_lower_bound"] <= 14.1
+
+
 def test_full_batch_trains_every_unit_in_every_step(tmp_path, capsys):
     """--full-batch: q = 1 over exactly the units trained on (members and included canaries),
     10 steps unless train.steps is set, and every step's Poisson batch is all of them."""
@@ -151,8 +161,8 @@ def test_full_batch_trains_every_unit_in_every_step(tmp_path, capsys):
     from dpaudit.stages.artifacts import read_dp_record
 
     code, out, _ = validate(capsys, "--trainer", "dpaudit.train:dpsgd", "--epsilon", "4", "--delta", "1e-3",
-                            "--full-batch", "--set", "train.dp.noise_multiplier=1.0", "--out", str(tmp_path / "v"))
-    assert code in (0, 3), out
+                            "--full-batch", "--set", "train.dp.noise_multiplier=3.0", "--out", str(tmp_path / "v"))
+    assert code in (0, 3), out  # sigma 3 over 10 full steps: epsilon 3.77 at delta 1e-3, within the claim
     model = RunDir(tmp_path / "v").model("validate")
     event, log = read_dp_record(model), model.read_train_log()
     assert (event.sample_rate, event.steps) == (1.0, 10)

@@ -15,6 +15,9 @@ canary), ``out_samples`` (without) -- into:
   (:func:`dpaudit.audit.bounds.gdp_mu_lower_bound`). The statistic (which column, which
   sign) and the threshold are chosen on one half of each sample and the counts taken on
   the other half, so the bound needs no correction for the choice (DESIGN.md section 4).
+  :func:`mu_bound_over_pairs` does the same over several canaries, each with its own two
+  samples: the canary is chosen with the statistic, on the first halves (steered by a
+  normal fit, which never enters the bound).
 * :func:`gaussian_mu_estimate`: the tighter *estimate* (difference of means over the
   pooled standard deviation) with an exact interval that holds only when both samples are
   Gaussian with one variance -- true for a correct Gaussian step, not for a buggy one. It
@@ -37,7 +40,8 @@ from dpaudit.audit.bounds import clopper_pearson_upper, gdp_mu_lower_bound
 from dpaudit.errors import InputError
 from dpaudit.jsonable import jsonable
 
-__all__ = ["TwoSampleBound", "gaussian_mu_estimate", "two_sample_mu_bound", "two_sample_mu_ceiling"]
+__all__ = ["TwoSampleBound", "gaussian_mu_estimate", "mu_bound_over_pairs", "two_sample_mu_bound",
+           "two_sample_mu_ceiling"]
 
 
 @dataclass(frozen=True)
@@ -46,7 +50,8 @@ class TwoSampleBound:
 
     ``column`` and ``sign`` name the statistic (``sign * samples[:, column]``, "in" when
     above ``threshold``); ``tp``/``fp``/``tn``/``fn`` are the counts on the evaluation
-    half; ``ceiling`` is the bound a perfect separation of that half would give.
+    half; ``ceiling`` is the bound a perfect separation of that half would give; ``pair`` is
+    the index of the chosen (in, out) pair (:func:`mu_bound_over_pairs`; 0 for one pair).
     """
 
     mu: float
@@ -60,6 +65,7 @@ class TwoSampleBound:
     fn: int
     num_selection: tuple[int, int]
     ceiling: float
+    pair: int = 0
 
     def to_dict(self) -> dict:
         return jsonable(asdict(self))
@@ -107,6 +113,32 @@ def two_sample_mu_ceiling(*, num_in: int, num_out: int, significance: float = 0.
     return gdp_mu_lower_bound(tp=n_in, fp=0, tn=n_out, fn=0, significance=significance)
 
 
+def _split(in_samples, out_samples, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
+    """(selection in, evaluation in, selection out, evaluation out): random halves of each sample."""
+    a_in, a_out = _as_samples("in_samples", in_samples), _as_samples("out_samples", out_samples)
+    if a_in.shape[1] != a_out.shape[1]:
+        raise InputError(f"in_samples and out_samples must have the same columns, got {a_in.shape[1]} "
+                         f"and {a_out.shape[1]}")
+    p_in, p_out = rng.permutation(len(a_in)), rng.permutation(len(a_out))
+    return (a_in[p_in[: len(a_in) // 2]], a_in[p_in[len(a_in) // 2:]],
+            a_out[p_out[: len(a_out) // 2]], a_out[p_out[len(a_out) // 2:]])
+
+
+def _count(halves: tuple[np.ndarray, ...], column: int, sign: int, t: float, significance: float,
+           pair: int = 0) -> TwoSampleBound:
+    """The bound of the test (column, sign, threshold t) counted on the evaluation halves."""
+    sel_in, ev_in, sel_out, ev_out = halves
+    tp = int((sign * ev_in[:, column] > t).sum())
+    fp = int((sign * ev_out[:, column] > t).sum())
+    tn, fn = len(ev_out) - fp, len(ev_in) - tp
+    mu = gdp_mu_lower_bound(tp=tp, fp=fp, tn=tn, fn=fn, significance=significance)
+    ceiling = two_sample_mu_ceiling(num_in=len(sel_in) + len(ev_in), num_out=len(sel_out) + len(ev_out),
+                                    significance=significance)
+    return TwoSampleBound(mu=mu, significance=significance, column=int(column), sign=int(sign), threshold=float(t),
+                          tp=tp, fp=fp, tn=tn, fn=fn, num_selection=(len(sel_in), len(sel_out)), ceiling=ceiling,
+                          pair=int(pair))
+
+
 def two_sample_mu_bound(*, in_samples, out_samples, significance: float = 0.05, seed: int = 0) -> TwoSampleBound:
     """Rigorous lower bound on mu (Gaussian DP) from two independent samples.
 
@@ -122,41 +154,99 @@ def two_sample_mu_bound(*, in_samples, out_samples, significance: float = 0.05, 
     mu' < the returned ``mu``, whatever the distribution of the statistics.
     """
     significance = _check_significance(significance)
-    a_in, a_out = _as_samples("in_samples", in_samples), _as_samples("out_samples", out_samples)
-    if a_in.shape[1] != a_out.shape[1]:
-        raise InputError(f"in_samples and out_samples must have the same columns, got {a_in.shape[1]} "
-                         f"and {a_out.shape[1]}")
-    rng = np.random.default_rng(seed)
-    p_in, p_out = rng.permutation(len(a_in)), rng.permutation(len(a_out))
-    sel_in, ev_in = a_in[p_in[: len(a_in) // 2]], a_in[p_in[len(a_in) // 2:]]
-    sel_out, ev_out = a_out[p_out[: len(a_out) // 2]], a_out[p_out[len(a_out) // 2:]]
+    halves = _split(in_samples, out_samples, np.random.default_rng(seed))
+    sel_in, _, sel_out, _ = halves
     best = None
-    for column in range(a_in.shape[1]):
+    for column in range(sel_in.shape[1]):
         for sign in (1, -1):
             t, mu = _best_threshold(sign * sel_in[:, column], sign * sel_out[:, column], significance)
             if best is None or mu > best[0]:
                 best = (mu, column, sign, t)
     _, column, sign, t = best
-    tp = int((sign * ev_in[:, column] > t).sum())
-    fp = int((sign * ev_out[:, column] > t).sum())
-    tn, fn = len(ev_out) - fp, len(ev_in) - tp
-    mu = gdp_mu_lower_bound(tp=tp, fp=fp, tn=tn, fn=fn, significance=significance)
-    ceiling = two_sample_mu_ceiling(num_in=len(a_in), num_out=len(a_out), significance=significance)
-    return TwoSampleBound(mu=mu, significance=significance, column=int(column), sign=int(sign), threshold=float(t),
-                          tp=tp, fp=fp, tn=tn, fn=fn, num_selection=(len(sel_in), len(sel_out)), ceiling=ceiling)
+    return _count(halves, column, sign, t, significance)
+
+
+def _modelled_test(x_in: np.ndarray, x_out: np.ndarray, n_in: int, n_out: int,
+                   significance: float) -> tuple[float, float, float]:
+    """(predicted bound, separation, threshold) of the test "in when x > t" on an evaluation
+    half of ``n_in`` / ``n_out`` runs, predicted from a normal fit of each selection sample:
+    t is the midpoint between two sorted values (or below all) whose predicted counts give
+    the largest bound, the middle one among ties; the separation (mean difference over the
+    larger standard deviation) breaks ties between tests."""
+    m_in, m_out = x_in.mean(), x_out.mean()
+    s_in, s_out = x_in.std(ddof=1), x_out.std(ddof=1)
+    floor = max(1e-12 * max(abs(m_in), abs(m_out)), np.finfo(float).tiny)
+    s_in, s_out = max(s_in, floor), max(s_out, floor)
+    values = np.unique(np.r_[x_in, x_out])
+    thresholds = np.r_[values[0] - 1.0, (values[:-1] + values[1:]) / 2.0]
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        tpr = special.ndtr((m_in - thresholds) / s_in)
+        fpr = special.ndtr((m_out - thresholds) / s_out)
+    mu = _mu_lower_bounds(np.rint(tpr * n_in), np.rint(fpr * n_out), n_in, n_out, significance)
+    best = np.flatnonzero(mu == mu.max())
+    i = best[len(best) // 2]
+    return float(mu[i]), float((m_in - m_out) / max(s_in, s_out)), float(thresholds[i])
+
+
+def mu_bound_over_pairs(*, pairs, significance: float = 0.05, seed: int = 0) -> TwoSampleBound:
+    """A rigorous lower bound on mu, as :func:`two_sample_mu_bound`, from several neighbouring
+    pairs at once: ``pairs`` is a list of ``(in_samples, out_samples)``, one per canary (each
+    its own pair of neighbouring inputs, its own independent runs, its own columns).
+
+    Each pair is split at random (``seed``) in halves. On the first halves one test is chosen
+    among every pair, column and sign: the one whose normal fit of the two selection samples
+    predicts the largest bound on the evaluation halves, with the threshold that fit prefers
+    (:func:`_modelled_test`; a smoother choice than the best threshold on the selection counts,
+    which overfits when many statistics compete); that test is counted on its pair's second
+    halves. The choice of the canary is part of the choice of the test, made on runs the count
+    does not use, so the bound needs no correction for the number of canaries or statistics:
+    with probability at least ``1 - significance`` the mechanism is not mu'-GDP (on the chosen
+    pair of neighbouring inputs, hence not at all) for any mu' < ``mu``, whatever the
+    distribution of the statistics (the normal fit only steers the choice). ``pair`` names the
+    chosen pair.
+    """
+    significance = _check_significance(significance)
+    if len(pairs) == 0:
+        raise InputError("mu_bound_over_pairs needs at least one (in_samples, out_samples) pair")
+    rng = np.random.default_rng(seed)
+    splits, best = [], None
+    for k, (in_samples, out_samples) in enumerate(pairs):
+        halves = _split(in_samples, out_samples, rng)
+        splits.append(halves)
+        sel_in, ev_in, sel_out, ev_out = halves
+        for column in range(sel_in.shape[1]):
+            for sign in (1, -1):
+                mu, separation, t = _modelled_test(sign * sel_in[:, column], sign * sel_out[:, column], len(ev_in),
+                                                   len(ev_out), significance)
+                if best is None or (mu, separation) > best[0]:
+                    best = ((mu, separation), k, column, sign, t)
+    _, k, column, sign, t = best
+    return _count(splits[k], column, sign, t, significance, pair=k)
+
+
+LARGE_T = 1e5  # beyond, the noncentral t's quantiles come from its normal approximation
 
 
 def _noncentrality(t: float, df: int, p: float) -> float:
-    """The noncentrality lam with P[T <= t] = p for T ~ noncentral t(df, lam) (decreasing in lam)."""
+    """The noncentrality lam with P[T <= t] = p for T ~ noncentral t(df, lam) (decreasing in lam).
+
+    For |t| > ``LARGE_T`` (a step whose runs barely vary: scipy's distribution returns NaN
+    there) T = (Z + lam) / sqrt(V / df) is lam / sqrt(V / df) but for a vanishing Z, V ~ chi2(df),
+    which gives lam from a chi2 quantile."""
     def gap(lam: float) -> float:
         return float(stats.nct.cdf(t, df, lam)) - p
 
-    lo, hi = t - 1.0, t + 1.0
-    while gap(lo) < 0:
-        lo -= 2.0 * (hi - lo)
-    while gap(hi) > 0:
-        hi += 2.0 * (hi - lo)
-    return float(optimize.brentq(gap, lo, hi, xtol=1e-10))
+    if abs(t) <= LARGE_T:
+        lo, hi = t - 1.0, t + 1.0
+        while gap(lo) < 0:
+            lo -= 2.0 * (hi - lo)
+        while gap(hi) > 0:
+            hi += 2.0 * (hi - lo)
+        try:
+            return float(optimize.brentq(gap, lo, hi, xtol=1e-10))
+        except ValueError:  # NaN from the distribution's tails
+            pass
+    return t * math.sqrt(float(stats.chi2.ppf(1.0 - p if t > 0 else p, df)) / df)
 
 
 def gaussian_mu_estimate(*, in_samples, out_samples, confidence: float = 0.95) -> tuple[float, float, float]:

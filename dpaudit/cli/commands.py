@@ -119,7 +119,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
         return _validate_step(args)
     step_only = [f for f, v in (("--noise-multiplier", args.noise_multiplier), ("--max-grad-norm", args.max_grad_norm),
                                 ("--expected-batch-size", args.expected_batch_size), ("--sample-rate", args.sample_rate),
-                                ("--steps", args.steps), ("--model", args.model)) if v is not None]
+                                ("--steps", args.steps), ("--model", args.model), ("--model-dir", args.model_dir),
+                                ("--arch", args.arch)) if v is not None]
+    step_only += [f for f, v in (("--untied", args.untied), ("--trust-remote-code", args.trust_remote_code)) if v]
     if step_only:
         raise InputError(f"{', '.join(step_only)} go with --step, not --trainer")
     if args.epsilon is None or args.delta is None:
@@ -150,13 +152,18 @@ def _validate_step(args: argparse.Namespace) -> int:
     delta = DEFAULT_DELTA if args.delta is None else args.delta
     r = validate_step(step=args.step, noise_multiplier=args.noise_multiplier, max_grad_norm=args.max_grad_norm,
                       expected_batch_size=args.expected_batch_size, repetitions=args.repetitions, delta=delta,
-                      sample_rate=args.sample_rate, steps=args.steps, out=out, model=args.model)
+                      sample_rate=args.sample_rate, steps=args.steps, out=out, model=args.model,
+                      model_dir=args.model_dir, arch=args.arch, tied=False if args.untied else None,
+                      trust_remote_code=args.trust_remote_code)
     est, run = r["estimate"], r["run"]
     lines = [f"{r['verdict']}: {r['reason']}",
+             f"model: {r['setting']['model']}; canaries: " + ", ".join(
+                 f"{k['name']} (|g| {k['kind_gradient_norm']:.3g})" for k in r["canaries"]) + "".join(
+                 f"; skipped {name}: {why}" for name, why in r["setting"]["skipped_canaries"].items()),
              (f"mu >= {r['mu_lower_bound']:.3f} ({r['confidence']:.0%} confidence) against the claimed 1/S = "
               f"{r['claimed_mu']:.3f}; ceiling {r['mu_ceiling']:.3f} with {r['repetitions']} runs a side; epsilon >= "
               f"{r['epsilon_lower_bound']:.3f} against {r['claimed_epsilon']:.3f} at delta {delta:g} (one step)"),
-             "estimate (assumes Gaussian projections, not a bound): mu = " + (
+             f"estimate (canary {est['canary']}; assumes Gaussian projections, not a bound): mu = " + (
                  f"{est['mu']:.3f} [{est['mu_interval'][0]:.3f}, {est['mu_interval'][1]:.3f}]"
                  if est["mu"] is not None else "inf (no noise seen)")]
     if run is not None:
@@ -198,6 +205,11 @@ def _finish_audit(args: argparse.Namespace, out: Path, report: dict) -> int:
         lines.append(f"{m['name']:<16}{eps_text:>9}{_fmt(audit.get('epsilon_lower_bound'), '.2f'):>8}"
                      f"{_fmt(audit.get('ceiling'), '.2f'):>9}{_fmt((m.get('utility') or {}).get('heldout_perplexity'), '.1f'):>9}"
                      f"  {status}")
+        rungs = [r for r in m.get("rungs") or [] if r.get("epsilon") is not None or r.get("refused")]
+        if rungs and not m.get("error"):  # the threat-model ladder: each rung's bound (its ideal)
+            lines.append("  ladder: " + ", ".join(
+                f"{r['rung'].replace('_', '-')} refused" if r.get("epsilon") is None else
+                f"{r['rung'].replace('_', '-')} {r['epsilon']:.2f} (ideal {_fmt(r.get('ideal'), '.2f')})" for r in rungs))
         if m.get("error"):
             lines.append(f"  error: {m['error']}")
         elif verdict.get("reason") and status in ("violated", "inconclusive"):

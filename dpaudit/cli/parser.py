@@ -119,6 +119,15 @@ def _add_audits(sub) -> None:
     p.add_argument("--steps", type=int, metavar="T", help="the run's number of steps (--step, with --sample-rate)")
     p.add_argument("--model", metavar="NAME", help="the model of the run directory --out whose q and T the step "
                    "audit composes (--step; default: its only DP-SGD model)")
+    on = p.add_mutually_exclusive_group()
+    on.add_argument("--model-dir", metavar="DIR", help="audit the step on this local Hugging Face causal-LM directory "
+                    "(safetensors weights) instead of the tiny GPT-2 (--step)")
+    on.add_argument("--arch", choices=("gpt2", "llama", "opt", "gpt_neox"), help="audit the step on a tiny model of "
+                    "this family, built from a config (--step; default: gpt2)")
+    p.add_argument("--untied", action="store_true", help="untie the tiny model's output layer from its input "
+                   "embedding (--step; gpt2 and opt tie by default, llama and gpt_neox do not)")
+    p.add_argument("--trust-remote-code", action="store_true", help="let transformers run the code that --model-dir "
+                   "ships (--step)")
     p.add_argument("--out", help="run directory (default: runs/validate-<time>); --step writes step_audit.json "
                              "there (into an existing run: `dpaudit report` shows it)")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")

@@ -5,30 +5,31 @@ Differentially Private Machine Learning" (arXiv 2302.07956): a white-box auditor
 run one step many times from the same parameters measures that step's privacy tightly,
 where a black-box audit of a final model sees only gross bugs. What it does:
 
-1. builds a tiny GPT-2-style causal LM (:func:`dpaudit.models.build_model`) and a fixed
-   batch D of random token rows (b = min(B - 1, 7) rows, at least 1), and a canary row of
-   tokens D does not use;
-2. computes the canary's own gradient g at the initial parameters, with the toolkit's
-   per-example loss (:mod:`dpaudit.train.engine`); if ||g|| is below ``NORM_FACTOR`` x C the
-   final layer norm's gain is raised until it is not, so that a step that fails to clip
-   shows a sensitivity far above C;
-3. runs the step R times on D and R times on D + canary, each time on a fresh copy of the
-   same initial model with a fresh noise generator, and projects each update on the
-   canary's descent direction -g / ||g|| and, as further candidates, on its restriction to
-   each parameter tensor (a step that leaves some tensors unclipped shows there);
-4. derives from the two samples a rigorous lower bound on the step's Gaussian-DP mu
-   (:func:`dpaudit.audit.two_sample.two_sample_mu_bound`: statistic and threshold chosen
-   on half of the runs, Clopper-Pearson on the other half; no Gaussian assumption), and,
-   apart, the Gaussian estimate of mu with its interval on the full direction;
+1. takes a tiny GPT-2-style causal LM (:func:`dpaudit.models.build_model`), or with ``arch`` a
+   tiny model of another family (:func:`dpaudit.models.build_tiny`: Llama, OPT and GPT-NeoX have
+   ``nn.Linear`` where GPT-2 has ``Conv1D``), or with ``model_dir`` the user's own (in float32);
+   a fixed batch D of random rows (b = min(B - 1, 7), at least 1) of tokens from the lower half
+   of its vocabulary, and a canary row of tokens from the upper half, which D does not use;
+2. crafts the canaries (:mod:`dpaudit.train.step_canaries`): the canary row at perturbations
+   of the model that make one kind of parameter dominate the row's gradient g (and one spread
+   over all), g's part in that kind at least ``NORM_FACTOR`` x C: a step that leaves a kind out
+   of clipping, or computes its per-example norm wrongly, exceeds C on that kind's canary;
+3. for each canary, runs the step R times on D and R times on D + canary, each on a fresh copy
+   of that canary's model with fresh noise, and projects each update on -g / ||g|| and on its
+   restriction to each kind and to each parameter tensor;
+4. derives a rigorous lower bound on the step's Gaussian-DP mu
+   (:func:`dpaudit.audit.two_sample.mu_bound_over_pairs`: canary, statistic and threshold
+   chosen on half of the runs, Clopper-Pearson on the other half; no Gaussian assumption), and
+   apart the Gaussian estimate of mu on each canary's full direction;
 5. compares mu_lb with the claim: with the canary surely in the batch (no subsampling), a
    step that is the Gaussian mechanism with sensitivity C and noise N(0, S^2 C^2 I) is
-   exactly (1/S)-GDP (Dong, Roth, Su 2019, arXiv 1905.02383). Epsilons are the mu-GDP
-   conversions at delta.
+   exactly (1/S)-GDP (Dong, Roth, Su 2019, arXiv 1905.02383) at any parameters. Epsilons are
+   the mu-GDP conversions at delta.
 
-Verdicts and exit codes as ``validate --trainer``: ``violated`` (1) when mu_lb > 1/S,
-``inconclusive`` (3) when even a perfect separation of the runs could not exceed 1/S (the
-ceiling; add repetitions) or the step never changed the parameters, ``consistent`` (0)
-otherwise, which is not a proof of privacy.
+Verdicts and exit codes as ``validate --trainer``: ``violated`` (1) when mu_lb > 1/S (the
+verdict names the canary and the statistic that showed it), ``inconclusive`` (3) when even a
+perfect separation of the runs could not exceed 1/S (the ceiling; add repetitions) or the step
+never changed the parameters, ``consistent`` (0) otherwise, which is not a proof of privacy.
 
 From one step to the run (with the run's sampling rate q and number of steps T): with
 confidence 1 - significance the step's effective noise multiplier (noise std over the
@@ -41,10 +42,12 @@ as claimed). It is reported beside the claimed run epsilon (the accountant at S)
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -57,19 +60,20 @@ from dpaudit.jsonable import jsonable
 from dpaudit.rundir import RunDir, write_json_atomic, write_npz_atomic
 from dpaudit.seeds import derive_seed, seed_sequence
 from dpaudit.stages.artifacts import read_dp_record
+from dpaudit.train.step_canaries import NORM_FACTOR, RECIPES, iter_canaries
 
 SIGNIFICANCE = 0.05
 DEFAULT_REPETITIONS = 200
 DEFAULT_DELTA = 1e-5
-NORM_FACTOR = 10.0  # the canary's unclipped gradient norm is at least this many times C
-VOCAB_SIZE = 256
+VOCAB_SIZE = 256  # of the tiny models built here
 ROW_LENGTH = 16
 CANARY_LENGTH = 8
 MAX_BATCH_ROWS = 7
+ONE_THREAD_PARAMETERS = 10_000_000
 MIN_RUN_NOISE = 0.5  # the run epsilon is computed at noise multipliers >= this (see _run_epsilons)
 SCHEMA_VERSION = 1
 JSON_KEYS = ("verdict", "epsilon_lower_bound", "claimed_epsilon", "mu_lower_bound", "claimed_mu", "repetitions",
-             "reason", "delta", "significance", "mu_ceiling", "estimate", "run")
+             "reason", "delta", "significance", "mu_ceiling", "estimate", "run", "canary", "statistic")
 
 __all__ = ["JSON_KEYS", "validate_step"]
 
@@ -102,93 +106,53 @@ def _load_step(spec: str) -> Callable[..., None]:
 # --------------------------------------------------------------------------- the setting
 
 
-def _batches(rng: np.random.Generator, rows: int) -> tuple[dict, dict]:
+def _model(seed: int, *, model_dir, arch: str | None, tied: bool | None, trust_remote_code: bool):
+    """The model the canaries are crafted for, in training mode and float32, and its description."""
+    from dpaudit import models
+
+    if model_dir is not None and (arch is not None or tied is not None):
+        raise InputError("--model-dir takes the model as saved: --arch and --untied go without it")
+    if model_dir is not None:
+        model = models.load_model(model_dir, trust_remote_code=trust_remote_code).float()
+        described = f"{model_dir} ({getattr(model.config, 'model_type', type(model).__name__)})"
+    else:
+        if trust_remote_code:
+            raise InputError("--trust-remote-code goes with --model-dir")
+        model = models.build_tiny(arch or "gpt2", vocab_size=VOCAB_SIZE, bos_token_id=0, eos_token_id=0, seed=seed,
+                                  tied=tied)
+        tying = "tied" if model.get_output_embeddings().weight is model.get_input_embeddings().weight else "untied"
+        described = ("tiny GPT-2 (dpaudit.models.build_model)" if arch is None and tied is None
+                     else f"tiny {arch or 'gpt2'}, {tying} (dpaudit.models.build_tiny)")
+    model.train()
+    return model, described
+
+
+def _batches(rng: np.random.Generator, rows: int, vocab_size: int) -> tuple[dict, dict]:
     """D (``rows`` random rows of tokens 1..V/2-1) and D + canary (tokens V/2..V-1, shorter,
     right-padded, last row)."""
-    half = VOCAB_SIZE // 2
+    half = vocab_size // 2
+    if half < 2:
+        raise InputError(f"the model's vocabulary ({vocab_size} tokens) is too small for the step audit")
     d = torch.as_tensor(rng.integers(1, half, size=(rows, ROW_LENGTH)), dtype=torch.long)
     canary = torch.zeros(1, ROW_LENGTH, dtype=torch.long)
-    canary[0, :CANARY_LENGTH] = torch.as_tensor(rng.integers(half, VOCAB_SIZE, size=CANARY_LENGTH))
+    canary[0, :CANARY_LENGTH] = torch.as_tensor(rng.integers(half, vocab_size, size=CANARY_LENGTH))
     mask = torch.ones(rows, ROW_LENGTH, dtype=torch.long)
     canary_mask = (torch.arange(ROW_LENGTH) < CANARY_LENGTH).long()[None]
     return ({"input_ids": d, "attention_mask": mask},
             {"input_ids": torch.cat([d, canary]), "attention_mask": torch.cat([mask, canary_mask])})
 
 
-def _canary_gradient(model, batch_with: dict) -> dict[str, torch.Tensor]:
-    """Gradient of the canary's own loss (mean NLL of its predicted tokens) at ``model``."""
-    from dpaudit.train.engine import (
-        collate,
-        example_losses,
-        forward_logits,
-        trainable_parameters,
-    )
-
-    ids, mask = batch_with["input_ids"][-1], batch_with["attention_mask"][-1]
-    batch = collate([ids[mask.bool()]], pad_id=0)
-    params = trainable_parameters(model)
-    model.zero_grad(set_to_none=True)
-    example_losses(forward_logits(model, batch), batch.labels).sum().backward()
-    grads = {name: p.grad.detach().clone().float() for name, p in params.items()}
-    model.zero_grad(set_to_none=True)
-    return grads
-
-
-def _norm(grads: dict[str, torch.Tensor]) -> float:
-    return float(torch.sqrt(sum(g.pow(2).sum() for g in grads.values())))
-
-
-def _build(seed: int, rows: int, max_grad_norm: float):
-    """The model, D, D + canary and the canary gradient, its norm at least NORM_FACTOR x C."""
-    from dpaudit.models import build_model
-
-    model_seed, data_seed = derive_seed(seed, 0), derive_seed(seed, 1)
-    model = build_model(size="tiny", vocab_size=VOCAB_SIZE, bos_token_id=0, eos_token_id=0, seed=model_seed)
-    model.train()
-    batch, batch_with = _batches(np.random.default_rng(data_seed), rows)
-    target = NORM_FACTOR * max_grad_norm
-    grads = _canary_gradient(model, batch_with)
-    gain = 1.0
-    for _ in range(20):  # the gradient grows about linearly with the output layer norm's gain
-        norm = _norm(grads)
-        if norm >= target:
-            break
-        factor = min(1e3, 1.2 * target / max(norm, 1e-12))
-        with torch.no_grad():
-            model.transformer.ln_f.weight.mul_(factor)
-        gain *= factor
-        grads = _canary_gradient(model, batch_with)
-    norm = _norm(grads)
-    if not norm >= target:
-        raise InputError(f"could not give the canary a gradient norm of {target:g} (NORM_FACTOR x C): "
-                         f"reached {norm:.3g}; use a smaller --max-grad-norm")
-    return model, batch, batch_with, grads, norm, gain
-
-
-def _directions(grads: dict[str, torch.Tensor]) -> tuple[torch.Tensor, list[str]]:
-    """Unit directions (rows) over the flattened parameters: -g/||g||, then -g_k/||g_k|| per tensor."""
-    names = list(grads)
-    flat = torch.cat([grads[n].reshape(-1) for n in names])
-    rows, labels = [-flat / flat.norm()], ["all parameters"]
-    offset = 0
-    for n in names:
-        size = grads[n].numel()
-        part = flat[offset:offset + size]
-        if float(part.norm()) > 0:
-            row = torch.zeros_like(flat)
-            row[offset:offset + size] = -part / part.norm()
-            rows.append(row)
-            labels.append(n)
-        offset += size
-    return torch.stack(rows), labels
-
-
-def _flat(model, names: list[str]) -> torch.Tensor:
-    params = dict(model.named_parameters())
-    missing = [n for n in names if n not in params]
-    if missing:
-        raise InputError(f"the step changed the model's parameters (missing after the step: {', '.join(missing[:3])})")
-    return torch.cat([params[n].detach().reshape(-1).float() for n in names])
+@contextlib.contextmanager
+def _threads_for(model):
+    """One torch thread (restored after) while a small model runs: its many small operations
+    run fastest so, and a thread pool stalls on each whenever another process holds a core."""
+    saved = torch.get_num_threads()
+    if sum(p.numel() for p in model.parameters()) < ONE_THREAD_PARAMETERS:
+        torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)
 
 
 # --------------------------------------------------------------------------- the audit
@@ -198,18 +162,21 @@ def validate_step(*, step: str | Callable[..., None], noise_multiplier: float, m
                   expected_batch_size: int, repetitions: int = DEFAULT_REPETITIONS, delta: float = DEFAULT_DELTA,
                   sample_rate: float | None = None, steps: int | None = None, accountant: str | None = None,
                   significance: float = SIGNIFICANCE, seed: int = 0, out: str | Path | None = None,
-                  model: str | None = None) -> dict[str, Any]:
+                  model: str | None = None, model_dir: str | Path | None = None, arch: str | None = None,
+                  tied: bool | None = None, trust_remote_code: bool = False,
+                  canaries: Sequence[str] | None = None) -> dict[str, Any]:
     """White-box audit of one DP-SGD step against the claim (S, C, B) (see the module docstring).
 
-    Returns a dict with :data:`JSON_KEYS` and the details (reason, exit_code, ceiling, the
-    Gaussian estimate, the canary's norm, and under ``run`` the epsilon the measured noise
-    implies over q and T when they are given or found in ``out``'s DP event; ``accountant``
-    defaults to that event's, else "pld"). With ``out``
-    the result is written to ``out/step_audit.json`` and the projections to
-    ``out/step_audit.npz``; in a run directory ``dpaudit report`` shows it.
+    The model: the tiny GPT-2 by default, ``arch`` (with ``tied``) a tiny model of that family,
+    ``model_dir`` a local causal-LM directory. ``canaries`` names some of
+    :data:`dpaudit.train.step_canaries.RECIPES` (default all the model allows). ``model`` is the
+    run directory's model whose q and T the run epsilon composes. Returns a dict with
+    :data:`JSON_KEYS` and the details (exit_code, the test, each canary's design and estimate
+    under ``canaries``, and under ``run`` the epsilon the measured noise implies over q and T,
+    given or from ``out``'s DP event, whose accountant is the default, else "pld"). With ``out``
+    it writes ``out/step_audit.json`` and the projections ``out/step_audit.npz``.
     """
-    from dpaudit.audit.bounds import gdp_epsilon
-    from dpaudit.audit.two_sample import gaussian_mu_estimate, two_sample_mu_bound
+    from dpaudit.audit.two_sample import mu_bound_over_pairs
 
     sigma, c, b, r = _check_claim(noise_multiplier, max_grad_norm, expected_batch_size, repetitions, delta)
     run = _run_parameters(sample_rate=sample_rate, steps=steps, out=out, model=model)
@@ -218,66 +185,34 @@ def validate_step(*, step: str | Callable[..., None], noise_multiplier: float, m
         raise InputError(f"step must be MODULE:FUNCTION or a callable, got {step!r}")
     name = step if isinstance(step, str) else f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', fn)}"
 
+    model0, described = _model(derive_seed(seed, 0), model_dir=model_dir, arch=arch, tied=tied,
+                               trust_remote_code=trust_remote_code)
     rows = max(1, min(b - 1, MAX_BATCH_ROWS))
-    model0, batch, batch_with, grads, canary_norm, gain = _build(seed, rows, c)
-    directions, labels = _directions(grads)
+    vocab = model0.get_input_embeddings().weight.shape[0]
+    batch, batch_with = _batches(np.random.default_rng(derive_seed(seed, 1)), rows, vocab)
     claim = dict(noise_multiplier=sigma, max_grad_norm=c, expected_batch_size=b)
-    projections, moved = _projections(fn, name, model0, batch, batch_with, directions, list(grads), repetitions=r,
-                                      seed=seed, claim=claim)
-    bound = two_sample_mu_bound(in_samples=projections["in"], out_samples=projections["out"],
+    unknown = sorted(set(canaries or ()) - {recipe.name for recipe in RECIPES})
+    if unknown:
+        raise InputError(f"unknown canaries {unknown}: expected some of {[recipe.name for recipe in RECIPES]}")
+    with _threads_for(model0):
+        done, moved, skipped = _run_canaries(fn, name, model0, batch, batch_with, c, canaries, repetitions=r,
+                                             seed=seed, claim=claim)
+    bound = mu_bound_over_pairs(pairs=[(d.samples["in"], d.samples["out"]) for d in done],
                                 significance=significance, seed=seed)
-    estimate, est_low, est_high = gaussian_mu_estimate(in_samples=projections["in"][:, 0],
-                                                       out_samples=projections["out"][:, 0],
-                                                       confidence=1.0 - significance)
-    claimed_mu = 1.0 / sigma
-    claimed_eps = gdp_epsilon(mu=claimed_mu, delta=delta)
-    eps_lb = gdp_epsilon(mu=bound.mu, delta=delta)
-    verdict, reason = _decide(bound, claimed_mu=claimed_mu, moved=moved, repetitions=r, significance=significance,
-                              statistic=f"the projection on {labels[bound.column]}",
-                              violation=(f"the step is not the Gaussian mechanism with noise multiplier {sigma:g} and "
-                                         f"clipping norm {c:g} (epsilon >= {eps_lb:.3f} against {claimed_eps:.3f} at "
-                                         f"delta {delta:g})"))
-    result = {
-        "verdict": verdict,
-        "reason": reason,
-        "exit_code": int(Status(verdict).exit_code),
-        "step": name,
-        "epsilon_lower_bound": eps_lb,
-        "claimed_epsilon": claimed_eps,
-        "mu_lower_bound": bound.mu,
-        "claimed_mu": claimed_mu,
-        "repetitions": r,
-        "delta": delta,
-        "significance": significance,
-        "confidence": 1.0 - significance,
-        "mu_ceiling": bound.ceiling,
-        "epsilon_ceiling": gdp_epsilon(mu=bound.ceiling, delta=delta),
-        "statistic": labels[bound.column],
-        "test": bound.to_dict(),
-        "estimate": {  # assumes Gaussian projections with one variance: never a verdict
-            "mu": estimate, "mu_interval": [est_low, est_high],
-            "noise_multiplier": 1.0 / estimate if estimate > 0 else math.inf,
-            "epsilon": gdp_epsilon(mu=max(estimate, 0.0), delta=delta) if math.isfinite(estimate) else math.inf,
-            "assumes": "Gaussian projections with one variance (true for a correct Gaussian step)",
-        },
-        "claim": claim,
-        "setting": {"model": "tiny GPT-2 (dpaudit.models.build_model)", "vocab_size": VOCAB_SIZE,
-                    "batch_rows": rows, "row_length": ROW_LENGTH, "canary_length": CANARY_LENGTH,
-                    "canary_gradient_norm": canary_norm, "norm_factor": NORM_FACTOR, "ln_f_gain": gain,
-                    "num_statistics": len(labels), "seed": seed},
-        "run": None,
-    }
+    setting = {"model": described, "vocab_size": vocab, "batch_rows": rows, "row_length": ROW_LENGTH,
+               "canary_length": CANARY_LENGTH, "canary_gradient_norm": min(d.summary["kind_gradient_norm"] for d in done),
+               "norm_factor": NORM_FACTOR, "num_statistics": sum(len(d.labels) for d in done),
+               "skipped_canaries": skipped, "seed": seed}
+    result = _result(name, bound, done, sigma=sigma, c=c, b=b, r=r, delta=delta, significance=significance,
+                     moved=moved, setting=setting)
     if run is not None:
-        result["run"] = _run_epsilons(run, mu_lb=bound.mu, estimate=(estimate, est_low, est_high), sigma=sigma,
+        est = result["estimate"]
+        result["run"] = _run_epsilons(run, mu_lb=bound.mu, estimate=(est["mu"], *est["mu_interval"]), sigma=sigma,
                                       delta=delta, accountant=accountant or run.pop("accountant", None) or "pld",
                                       significance=significance)
     result = jsonable(result)
     if out is not None:
-        rundir = RunDir(out)
-        rundir.root.mkdir(parents=True, exist_ok=True)
-        write_npz_atomic(rundir.step_samples_path, in_projections=projections["in"],
-                         out_projections=projections["out"], statistics=np.array(labels))
-        write_json_atomic(rundir.step_audit_path, {"schema_version": SCHEMA_VERSION, **result})
+        _write(out, result, done)
     return result
 
 
@@ -294,39 +229,132 @@ def _check_claim(noise_multiplier, max_grad_norm, expected_batch_size, repetitio
     return sigma, c, b, r
 
 
-def _projections(fn, name: str, model0, batch, batch_with, directions, names: list[str], *, repetitions: int,
-                 seed: int, claim: dict) -> tuple[dict[str, np.ndarray], bool]:
-    """``({"in": [R, K], "out": [R, K]}, moved)``: the step run R times on D + canary and R
-    times on D, interleaved, each on a fresh copy of the model with a fresh noise generator, its
-    update projected on the K directions; whether any run changed the parameters."""
-    from dpaudit.progress import Progress
-    from dpaudit.train.step import call_step
+def _result(name: str, bound, done: list[_Done], *, sigma, c, b, r, delta, significance, moved, setting) -> dict:
+    """The step audit's result (before the run epsilon): verdict, bound, estimates, canaries."""
+    from dpaudit.audit.bounds import gdp_epsilon
+    from dpaudit.audit.two_sample import gaussian_mu_estimate
 
-    r = repetitions
-    theta0 = _flat(model0, names)
-    noise_seeds = [int(seed_sequence([seed, 1], i).generate_state(1, np.uint64)[0] >> 1) for i in range(2 * r)]
-    projections = {"in": np.empty((r, len(directions))), "out": np.empty((r, len(directions)))}
-    moved, bar = False, Progress(total=2 * r, desc="step audit", unit="run")
+    chosen = done[bound.pair].summary
+    label = done[bound.pair].labels[bound.column]
+    estimates = [gaussian_mu_estimate(in_samples=d.samples["in"][:, 0], out_samples=d.samples["out"][:, 0],
+                                      confidence=1.0 - significance) for d in done]
+    claimed_mu = 1.0 / sigma
+    claimed_eps, eps_lb = gdp_epsilon(mu=claimed_mu, delta=delta), gdp_epsilon(mu=bound.mu, delta=delta)
+    verdict, reason = _decide(bound, claimed_mu=claimed_mu, moved=moved, repetitions=r, significance=significance,
+                              statistic=f"canary {chosen['name']!r} ({chosen['description']}), the projection on "
+                                        f"{label}",
+                              violation=(f"the step is not the Gaussian mechanism with noise multiplier {sigma:g} and "
+                                         f"clipping norm {c:g} (epsilon >= {eps_lb:.3f} against {claimed_eps:.3f} at "
+                                         f"delta {delta:g})"))
+    estimate, est_low, est_high = estimates[0]
+    return {
+        "verdict": verdict, "reason": reason, "exit_code": int(Status(verdict).exit_code), "step": name,
+        "epsilon_lower_bound": eps_lb, "claimed_epsilon": claimed_eps, "mu_lower_bound": bound.mu,
+        "claimed_mu": claimed_mu, "repetitions": r, "delta": delta, "significance": significance,
+        "confidence": 1.0 - significance, "mu_ceiling": bound.ceiling,
+        "epsilon_ceiling": gdp_epsilon(mu=bound.ceiling, delta=delta),
+        "canary": chosen["name"], "statistic": label, "test": bound.to_dict(),
+        "estimate": {  # assumes Gaussian projections with one variance: never a verdict
+            "canary": done[0].summary["name"], "mu": estimate, "mu_interval": [est_low, est_high],
+            "noise_multiplier": 1.0 / estimate if estimate > 0 else math.inf,
+            "epsilon": gdp_epsilon(mu=max(estimate, 0.0), delta=delta) if math.isfinite(estimate) else math.inf,
+            "assumes": "Gaussian projections with one variance (true for a correct Gaussian step)",
+        },
+        "canaries": [{**d.summary, "estimate": {"mu": e[0], "mu_interval": [e[1], e[2]]}} for d, e in zip(done, estimates)],
+        "claim": dict(noise_multiplier=sigma, max_grad_norm=c, expected_batch_size=b),
+        "setting": setting,
+        "run": None,
+    }
+
+
+def _write(out, result: dict, done: list[_Done]) -> None:
+    rundir = RunDir(out)
+    rundir.root.mkdir(parents=True, exist_ok=True)
+    arrays = {"canaries": np.array([d.summary["name"] for d in done])}
+    for d in done:
+        arrays.update({f"in_{d.summary['name']}": d.samples["in"], f"out_{d.summary['name']}": d.samples["out"],
+                       f"statistics_{d.summary['name']}": np.array(d.labels)})
+    write_npz_atomic(rundir.step_samples_path, **arrays)
+    write_json_atomic(rundir.step_audit_path, {"schema_version": SCHEMA_VERSION, **result})
+
+
+@dataclass
+class _Done:
+    """What is kept of a canary once its runs are done: its summary, the labels of its statistics
+    and its projections (``{"in": [R, K], "out": [R, K]}``); its model and gradient are let go."""
+
+    summary: dict
+    labels: list[str]
+    samples: dict[str, np.ndarray]
+
+
+def _run_canaries(fn, name: str, model0, batch, batch_with, max_grad_norm: float, names, *, repetitions: int,
+                  seed: int, claim: dict) -> tuple[list[_Done], bool, dict[str, str]]:
+    """Each canary in turn (:func:`dpaudit.train.step_canaries.iter_canaries`: made, run by
+    :func:`_projections`, let go), whether any run moved the model, and the skipped canaries."""
+    from dpaudit.progress import Progress
+
+    row = batch_with["input_ids"][-1][batch_with["attention_mask"][-1].bool()]
+    done, moved, skipped = [], False, {}
+    bar = Progress(total=2 * repetitions * len(names or RECIPES), desc="step audit", unit="run")
     try:
-        for i in range(r):
-            for j, which in enumerate(("out", "in")):  # interleaved: a drift affects both samples alike
-                m = copy.deepcopy(model0)
-                generator = torch.Generator().manual_seed(noise_seeds[2 * i + j])
-                try:
-                    call_step(fn, m, batch_with if which == "in" else batch, generator=generator, **claim)
-                except InputError:
-                    raise
-                except Exception as err:  # noqa: BLE001 -- the user's code: one clear line, not a traceback
-                    raise InputError(f"the step {name} failed: {type(err).__name__}: {err}") from None
-                update = _flat(m, names) - theta0
-                if not bool(torch.isfinite(update).all()):
-                    raise InputError(f"the step {name} produced a non-finite update")
-                moved = moved or bool(update.abs().max() > 0)
-                projections[which][i] = (directions @ update).numpy()
-                bar.update(1)
+        for index, (canary_name, canary) in enumerate(iter_canaries(model0, row, max_grad_norm=max_grad_norm,
+                                                                    names=names)):
+            if isinstance(canary, str):
+                skipped[canary_name] = canary
+                continue
+            seeds = [int(seed_sequence([seed, 1], index, i).generate_state(1, np.uint64)[0] >> 1)
+                     for i in range(2 * repetitions)]  # independent noise for each run
+            samples, its_moved = _projections(fn, name, canary, batch, batch_with, repetitions=repetitions,
+                                              seeds=seeds, claim=claim, bar=bar)
+            done.append(_Done(canary.summary(), list(canary.statistics.labels), samples))
+            moved = moved or its_moved
     finally:
         bar.close()
+    if not done:
+        raise InputError(f"no canary could be made for this model ({'; '.join(f'{k}: {v}' for k, v in skipped.items())}"
+                         f"); a canary needs a gradient of {NORM_FACTOR:g} x C: a smaller --max-grad-norm may help")
+    return done, moved, skipped
+
+
+def _projections(fn, name: str, canary, batch, batch_with, *, repetitions: int, seeds: list[int], claim: dict,
+                 bar) -> tuple[dict[str, np.ndarray], bool]:
+    """``({"in": [R, K], "out": [R, K]}, moved)``: the step run R times on D + canary and R
+    times on D, interleaved, each on a fresh copy of the canary's model with a fresh noise
+    generator, its update projected on the canary's K statistics; whether any run changed the
+    parameters."""
+    from dpaudit.train.step import call_step
+
+    r, stats = repetitions, canary.statistics
+    theta0 = _params(canary.model, stats.names)
+    projections = {"in": np.empty((r, len(stats))), "out": np.empty((r, len(stats)))}
+    moved = False
+    for i in range(r):
+        for j, which in enumerate(("out", "in")):  # interleaved: a drift affects both samples alike
+            m = copy.deepcopy(canary.model)
+            generator = torch.Generator().manual_seed(seeds[2 * i + j])
+            try:
+                call_step(fn, m, batch_with if which == "in" else batch, generator=generator, **claim)
+            except InputError:
+                raise
+            except Exception as err:  # noqa: BLE001 -- the user's code: one clear line, not a traceback
+                raise InputError(f"the step {name} failed: {type(err).__name__}: {err}") from None
+            after = _params(m, stats.names)
+            update = {n: after[n] - theta0[n] for n in stats.names}
+            if not all(bool(torch.isfinite(u).all()) for u in update.values()):
+                raise InputError(f"the step {name} produced a non-finite update")
+            moved = moved or any(bool(u.abs().max() > 0) for u in update.values())
+            projections[which][i] = stats.project(update)
+            bar.update(1)
     return projections, moved
+
+
+def _params(model, names: list[str]) -> dict[str, torch.Tensor]:
+    params = dict(model.named_parameters())
+    missing = [n for n in names if n not in params]
+    if missing:
+        raise InputError(f"the step changed the model's parameters (missing after the step: {', '.join(missing[:3])})")
+    return {n: params[n].detach().float().clone() for n in names}
 
 
 def _decide(bound, *, claimed_mu: float, moved: bool, repetitions: int, significance: float, statistic: str,
