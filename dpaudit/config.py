@@ -49,7 +49,8 @@ class DataConfig:
     text_column: str = "text"
     unit_column: str | None = "unit_id"
     # the column naming each record's group (e.g. a cohort); the report says per group who pays for
-    # the privacy; the built-in clinical corpus's is "group" (common / rare conditions); None: no groups
+    # the privacy; None: no groups, except the built-in clinical corpus, whose "group" column is
+    # used (common / rare conditions)
     group_column: str | None = None
     split: str = "train"
     num_patients: int = 300  # size of the built-in clinical corpus

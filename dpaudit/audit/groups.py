@@ -154,86 +154,53 @@ def perplexity_ratio(nll_a, tokens_a, nll_b, tokens_b, *, confidence: float = 0.
 # --------------------------------------------------------------------------- membership
 
 
-def _weighted_auc(ins: np.ndarray, outs: np.ndarray, w_in: np.ndarray, w_out: np.ndarray) -> np.ndarray:
-    """AUC of every row of the weights: sum_ij w_i w_j ([s_i > t_j] + [s_i = t_j] / 2) /
-    (W_in W_out); ``w_in`` is (B, n_in), ``w_out`` (B, n_out)."""
-    order = np.argsort(outs, kind="stable")
-    ranked = outs[order]
-    cum = np.concatenate([np.zeros((w_out.shape[0], 1)), np.cumsum(w_out[:, order], axis=1)], axis=1)
-    lt = np.searchsorted(ranked, ins, side="left")  # out records below each in score
-    le = np.searchsorted(ranked, ins, side="right")  # ... and tied with it
-    wins = cum[:, lt] + 0.5 * (cum[:, le] - cum[:, lt])
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return (w_in * wins).sum(axis=1) / (w_in.sum(axis=1) * w_out.sum(axis=1))
-
-
-def _weighted_tpr(ins: np.ndarray, outs: np.ndarray, w_in: np.ndarray, w_out: np.ndarray, fpr: float) -> np.ndarray:
-    """TPR at FPR ``fpr`` of every row of the weights: the largest TPR of a threshold
-    "member iff score >= t" whose FPR is at most ``fpr`` (tied scores move together)."""
-    scores = np.concatenate([ins, outs])
-    order = np.argsort(-scores, kind="stable")
-    ranked = scores[order]
-    last = np.r_[ranked[1:] != ranked[:-1], True]  # the end of every run of tied scores
-    weights = np.concatenate([w_in, np.zeros_like(w_out)], axis=1)[:, order]
-    tp = np.cumsum(weights, axis=1)[:, last]
-    weights = np.concatenate([np.zeros_like(w_in), w_out], axis=1)[:, order]
-    fp = np.cumsum(weights, axis=1)[:, last]
-    n_in, n_out = w_in.sum(axis=1), w_out.sum(axis=1)
-    ok = fp <= fpr * n_out[:, None] + 1e-9
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(ok, tp, 0.0).max(axis=1) / n_in
+def _from_ci(ci, units: int) -> Estimate:
+    """An :class:`Estimate` of a :class:`~dpaudit.audit.metrics.ConfidenceInterval`."""
+    if ci.estimate is None:
+        return Estimate.missing(ci.note, units=units, confidence=ci.confidence)
+    return Estimate(ci.estimate, ci.low, ci.high, units, ci.confidence, ci.note)
 
 
 def membership(scores, is_member, units, *, fprs: Sequence[float] = (0.01,), confidence: float = 0.95,
-               num_samples: int = NUM_SAMPLES, seed: int = 0, min_units: int = MIN_UNITS) -> dict[str, Any]:
+               num_samples: int = 200, seed: int = 0, min_units: int = MIN_UNITS) -> dict[str, Any]:
     """A membership attack on one group: its ``scores`` (higher = member) of the group's
     records, ``is_member`` of each and the ``units`` they belong to (a unit is a member or
     held out with all its records). ``{"auc": Estimate, "tpr_at_fpr": {fpr: Estimate},
-    "num_in", "num_out", "units_in", "units_out"}`` (record and unit counts), each interval a
-    bootstrap over the units of each side. "not enough" estimates, never a number, with fewer
-    than ``min_units`` units on a side, and for TPR at FPR a with fewer than ``ceil(10 / a)``
-    non-member records."""
+    "num_in", "num_out", "units_in", "units_out"}`` (record and unit counts), each interval the
+    cluster bootstrap of :func:`dpaudit.audit.metrics.bootstrap_ci` over the units of each
+    side. "not enough" estimates, never a number, with fewer than ``min_units`` units on a
+    side, and for TPR at FPR a with fewer than ``ceil(10 / a)`` non-member records."""
+    from dpaudit.audit.metrics import bootstrap_ci
+
     _check(confidence, num_samples)
     s = np.asarray(scores, dtype=np.float64)
     m = np.asarray(is_member, dtype=bool)
-    u = list(units)
-    if s.ndim != 1 or s.shape != m.shape or len(u) != s.size:
+    u = np.asarray([str(x) for x in units], dtype=object)
+    if s.ndim != 1 or s.shape != m.shape or u.size != s.size:
         raise InputError("scores, is_member and units must be 1-D of one length")
     if not np.all(np.isfinite(s)):
         raise InputError("membership scores must be finite")
-    sides = []
-    for side in (m, ~m):
-        keys, _ = by_unit([u[i] for i in np.flatnonzero(side)])
-        index = {k: j for j, k in enumerate(keys)}
-        sides.append((s[side], np.array([index[u[i]] for i in np.flatnonzero(side)], dtype=np.int64), len(keys)))
-    (ins, in_unit, units_in), (outs, out_unit, units_out) = sides
-    out: dict[str, Any] = {"num_in": int(ins.size), "num_out": int(outs.size), "units_in": units_in,
+    units_in, units_out = len(set(u[m])), len(set(u[~m]))
+    out: dict[str, Any] = {"num_in": int(m.sum()), "num_out": int((~m).sum()), "units_in": units_in,
                            "units_out": units_out}
+    total = units_in + units_out
     if min(units_in, units_out) < min_units:
         note = f"not enough units: {units_in} member and {units_out} held-out, {min_units} needed on each side"
-        out["auc"] = Estimate.missing(note, units=units_in + units_out, confidence=confidence)
-        out["tpr_at_fpr"] = {float(a): Estimate.missing(note, units=units_in + units_out, confidence=confidence)
-                             for a in fprs}
+        out["auc"] = Estimate.missing(note, units=total, confidence=confidence)
+        out["tpr_at_fpr"] = {float(a): Estimate.missing(note, units=total, confidence=confidence) for a in fprs}
         return out
-    rng = np.random.default_rng(seed)
-    c_in = resample_counts(units_in, int(num_samples), rng)
-    c_out = resample_counts(units_out, int(num_samples), rng)
-    w_in = np.vstack([np.ones((1, ins.size)), c_in[:, in_unit]])  # row 0: the data as they are
-    w_out = np.vstack([np.ones((1, outs.size)), c_out[:, out_unit]])
-    total = units_in + units_out
-    aucs = _weighted_auc(ins, outs, w_in, w_out)
-    out["auc"] = Estimate(float(aucs[0]), *_interval(aucs[1:], confidence), total, float(confidence))
+    kw = dict(in_scores=s[m], out_scores=s[~m], in_units=list(u[m]), out_units=list(u[~m]),
+              num_samples=int(num_samples), confidence=float(confidence), seed=seed)
+    out["auc"] = _from_ci(bootstrap_ci(metric="auc", **kw), total)
     out["tpr_at_fpr"] = {}
     for a in fprs:
         need = required_nonmembers(a)
-        if outs.size < need:
+        if out["num_out"] < need:
             out["tpr_at_fpr"][float(a)] = Estimate.missing(
-                f"not enough non-members: {outs.size} held-out records, {need} needed", units=total,
+                f"not enough non-members: {out['num_out']} held-out records, {need} needed", units=total,
                 confidence=confidence)
             continue
-        tprs = _weighted_tpr(ins, outs, w_in, w_out, float(a))
-        out["tpr_at_fpr"][float(a)] = Estimate(float(tprs[0]), *_interval(tprs[1:], confidence), total,
-                                               float(confidence))
+        out["tpr_at_fpr"][float(a)] = _from_ci(bootstrap_ci(metric="tpr_at_fpr", fpr=a, **kw), total)
     return out
 
 

@@ -81,6 +81,7 @@ NOTE_TYPES = ("discharge_summary", "progress_note")
 # A fixed, documented salt so that the corpus seed stream never coincides with another
 # stream derived from the same run seed (canaries, splits) by accident.
 _CORPUS_SALT = 0xC11A1C
+_RARE_SALT = 0x5A4E  # the stream that decides who has a rare condition
 
 #: The groups of the corpus: patients admitted with one of their hospital's common
 #: conditions, and the minority admitted with a rare one (``rare_diagnoses``).
@@ -192,7 +193,7 @@ class _Patient:
 
 
 def _make_patient(pid: str, rng: np.random.Generator, fake, *, v: SimpleNamespace | None = None,
-                  minority_fraction: float = 0.0) -> _Patient:
+                  rare: bool = False) -> _Patient:
     v = v if v is not None else _vocab()
     bg = v.patient
     sex = "F" if rng.random() < 0.5 else "M"
@@ -206,9 +207,9 @@ def _make_patient(pid: str, rng: np.random.Generator, fake, *, v: SimpleNamespac
     dob = _dt.date(admit.year - age, int(rng.integers(1, 13)), int(rng.integers(1, 29)))
     mrn = format_mrn(int(rng.integers(0, 10**8)))
     phone = _random_phone(rng)
-    # a hospital with rare conditions: one more draw, whatever minority_fraction, so that the
-    # fraction decides only who is rare (and their condition), nothing else of any patient
-    rare = bool(v.rare_diagnoses) and bool(rng.random() < minority_fraction)
+    # who is rare is drawn apart (generate_clinical_notes), so every other patient is the
+    # patient of a corpus without a minority, draw for draw
+    rare = bool(rare) and bool(v.rare_diagnoses)
     dx = _pick(rng, v.rare_diagnoses if rare else v.diagnoses)
     comorbid = _subset(rng, bg.comorbidities, 0, 3)
     home_meds = [_pick(rng, meds) for _, meds in comorbid if meds]
@@ -489,7 +490,10 @@ def generate_clinical_notes(*, num_patients: int, notes_per_patient: tuple[int, 
         rng = np.random.default_rng(ss)
         fake.seed_instance(int(ss.generate_state(1, dtype=np.uint32)[0]))
         pid = f"{prefix}{i:0{width}d}"
-        p = _make_patient(pid, rng, fake, v=vocab, minority_fraction=float(minority_fraction))
+        # the minority is drawn from a stream of its own: a patient outside it is, field for
+        # field, the patient of the same seed in a corpus without one
+        rare = np.random.default_rng(np.random.SeedSequence([_CORPUS_SALT, int(seed), i, *tail, _RARE_SALT]))
+        p = _make_patient(pid, rng, fake, v=vocab, rare=bool(rare.random() < minority_fraction))
         k = int(rng.integers(lo, hi + 1))
         for j, (ntype, text) in enumerate(_patient_notes(p, rng, k)):
             for key, value in zip(_COLUMNS, (text, pid, f"{pid}-note-{j + 1:02d}", ntype, hospital,

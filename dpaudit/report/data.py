@@ -5,7 +5,9 @@ by :mod:`dpaudit.stages.report`) and returns a :class:`ReportData`: the JSON-rea
 dict (``report.json``, schema version 2), the score arrays the ROC figure needs, and the
 per-row tables (``tables/*.csv``), which are never inlined in the HTML.
 
-Per model (``report["models"][i]``; see ``MODEL_KEYS``): :func:`dpaudit.report.model.model_entry`.
+Per model (``report["models"][i]``; see ``MODEL_KEYS``): :func:`dpaudit.report.model.model_entry`,
+and its ``groups`` (who pays for the privacy, per group of people): :mod:`dpaudit.report.groups`
+(``tables/groups.csv``).
 
 Run-level ``step_audit``: the white-box audit of one DP-SGD step (``dpaudit validate --step
 --out RUN``, :mod:`dpaudit.stages.validate_step`) when one was run into the directory, else null.
@@ -27,6 +29,7 @@ import numpy as np
 
 from dpaudit.errors import InputError
 from dpaudit.jsonable import jsonable
+from dpaudit.report.groups import GROUP_COLUMNS, group_rows, group_entries
 from dpaudit.report.model import model_entry
 from dpaudit.report.schema import (
     DP_KEYS,
@@ -168,6 +171,9 @@ def assemble(snapshot: RunSnapshot, *, include_texts: bool = False, title: str |
     for model in snapshot.models:
         entry, model_warnings, r, e, p, b = model_entry(model, include_texts=include_texts, repetitions=reps,
                                                         trainable=snapshot.trainable)
+        entry["groups"], group_warnings = group_entries(model, snapshot.records,
+                                                        seed=int((snapshot.config or {}).get("seed") or 0))
+        model_warnings.extend(group_warnings)
         warnings.extend(f"{model.name}: {w}" for w in model_warnings)
         models.append(entry)
         roc[model.name] = r
@@ -213,6 +219,7 @@ def _tables(models, canary_rows, ext_rows, patient_rows, bound_rows) -> dict:
     canary_table = [{**c, **by_canary.get(c["id"], {})} for c in canary_rows]
     tables = {
         "models": _columns_rows(_model_rows(models)),
+        "groups": (list(GROUP_COLUMNS), group_rows(models)),
         "attacks": _columns_rows(_attack_rows(models)),
         "bounds": _columns_rows(jsonable(bound_rows)),
         "canaries": _columns_rows(canary_table),

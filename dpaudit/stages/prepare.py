@@ -47,6 +47,13 @@ class PreparedData:
     secrets: list = field(default_factory=list)
 
 
+def group_column(config: Config) -> str | None:
+    """The column naming each record's group: ``data.group_column``, or the built-in clinical
+    corpus's own ``"group"`` (common / rare conditions)."""
+    d = config.data
+    return d.group_column if d.group_column is not None else ("group" if d.source == "clinical" else None)
+
+
 def prepare(rundir: RunDir, config: Config, seeds: dict[str, int]) -> None:
     """Write ``data/`` unless it is already in place."""
     if rundir.data_complete():
@@ -59,7 +66,7 @@ def prepare(rundir: RunDir, config: Config, seeds: dict[str, int]) -> None:
     d = config.data
     corpus = load_corpus(source=d.source, text_column=d.text_column, unit_column=d.unit_column, split=d.split,
                          num_patients=d.num_patients, seed=seeds["corpus"], hospital=d.hospital,
-                         minority_fraction=d.minority_fraction, group_column=d.group_column,
+                         minority_fraction=d.minority_fraction, group_column=group_column(config),
                          trust_remote_code=config.model.trust_remote_code)
     if any(config.for_model(n).train.dp.unit == "user" for n in config.model_names()) and d.unit_column is None:
         raise InputError("train.dp.unit is 'user' but data.unit_column is not set: users need a unit column")

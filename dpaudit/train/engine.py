@@ -366,7 +366,7 @@ class DPSGDEngine(GradientEngine):
         return (self.max_grad_norm / (norms + CLIP_EPS)).clamp(max=1.0)
 
     def clipped_sum(self, unit_grads: dict[str, Tensor], total: dict[str, Tensor], stats: StepStats,
-                    units: Sequence[int]) -> None:
+                    units: Sequence[int] | None = None) -> None:
         """Clip each row of ``unit_grads`` (one row per complete unit, row j the step's unit
         ``units[j]``) and add to ``total``."""
         first = next(iter(unit_grads.values()))
@@ -381,14 +381,17 @@ class DPSGDEngine(GradientEngine):
             total[name] += torch.einsum("k,k...->...", factors, g)
         self.record_norms(norms, stats, units)
 
-    def record_norms(self, norms: Tensor, stats: StepStats, units: Sequence[int]) -> None:
+    def record_norms(self, norms: Tensor, stats: StepStats, units: Sequence[int] | None = None) -> None:
         """Add the units' gradient norms (before clipping) to the step's statistics; norm j is
-        of the step's unit ``units[j]``."""
+        of the step's unit ``units[j]``. Without ``units`` (an engine that does not say whose
+        norm is whose) the step's per-unit record is unknown: ``unit_index`` stops matching
+        ``unit_norms`` and the loop records no per-unit clipping for the run."""
         norms_list = norms.cpu().tolist()
-        if len(units) != len(norms_list):
+        if units is not None and len(units) != len(norms_list):
             raise ValueError(f"{len(norms_list)} unit norms for {len(units)} units")
         stats.unit_norms.extend(norms_list)
-        stats.unit_index.extend(int(u) for u in units)
+        if units is not None:
+            stats.unit_index.extend(int(u) for u in units)
         stats.nonfinite_units += sum(1 for n in norms_list if not math.isfinite(n))
         stats.clipped_units += sum(1 for n in norms_list if n + CLIP_EPS > self.max_grad_norm)
 
