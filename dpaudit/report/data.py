@@ -249,7 +249,7 @@ def _model_rows(models: list[dict]) -> list[dict]:
                      "sample_rate": dp["sample_rate"], "steps": dp["steps"],
                      "epsilon_lower_bound": a["epsilon_lower_bound"], "bound_method": a["method"],
                      "bound_attack": a["attack"], "ceiling": a["ceiling"],
-                     "heldout_perplexity": u["heldout_perplexity"], "learned": u["learned"],
+                     "heldout_perplexity": u["heldout_perplexity"], "learned": u["learned"], "fit_training_rows": u["fit_training_rows"],
                      "verdict": v["status"], "error": m["error"]})
     return rows
 

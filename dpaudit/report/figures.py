@@ -204,7 +204,7 @@ def utility(report: Mapping[str, Any]) -> Figure | None:
         ax.annotate(_label(m["name"]), (x, y), textcoords="offset points", xytext=(6, 4), fontsize=7.5)
     init = [m["utility"]["initial_heldout_perplexity"] for m, _ in pts if m["utility"]["initial_heldout_perplexity"]]
     if init:
-        ax.axhline(np.median(init), color="0.4", ls=":", lw=1.2, label="before fine-tuning (step 0)")
+        ax.axhline(np.median(init), color="0.4", ls=":", lw=1.2, label="base model (before fine-tuning, step 0)")
         ax.legend(fontsize=8)
     axis.apply(ax)
     ax.set_ylabel("held-out perplexity (lower is better)")
