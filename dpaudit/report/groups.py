@@ -68,7 +68,7 @@ def majority(records: Sequence[Mapping[str, Any]]) -> str | None:
 def _attack_scores(results, n: int) -> tuple[str | None, np.ndarray | None, np.ndarray | None]:
     if isinstance(results, Unreadable) or not isinstance(results, Mapping) or not results:
         return None, None, None
-    name = ATTACK if ATTACK in results else sorted(results)[0]
+    name = ATTACK if ATTACK in results else min(results)
     arrays = (results[name].get("arrays") or {}).get("members")
     if arrays is None or len(arrays[0]) != n:
         return name, None, None

@@ -236,7 +236,7 @@ def _group_findings(models: list[Mapping[str, Any]]) -> list[str]:
                 key=lambda m: m["dp"]["epsilon"])
     nodp = [m for m in models if m["privacy"] == "non_private"]
     for n in minorities:
-        def ratio(m):
+        def ratio(m, n=n):
             return next((g["perplexity_ratio"] for g in m["groups"] if g["group"] == n), None)
         points = [(m, ratio(m)) for m in (dp + nodp) if isinstance(ratio(m), Mapping) and ratio(m).get("value")]
         if len(points) < 2:
