@@ -264,6 +264,18 @@ def _group_findings(models: list[Mapping[str, Any]]) -> list[str]:
         if clipped:
             out.append(f"Share of group {n}'s sampled unit-steps whose gradient was clipped, against group {majority}'s: "
                        + "; ".join(clipped) + ".")
+        saturated = [m for m in dp if all(((g.get("clipping") or {}).get("clipped_share") or {}).get("value", 0) >= 0.99
+                                          for g in m["groups"] if g["group"] in (n, majority))
+                     and all(g.get("clipping") for g in m["groups"] if g["group"] in (n, majority))]
+        if saturated:
+            norms = {g["group"]: g["clipping"] for g in saturated[0]["groups"]}
+            out.append(f"At C = {_fmt(norms[n]['max_grad_norm'], '.3g')} every unit-step of both groups was clipped in "
+                       f"{', '.join(m['name'] for m in saturated)}: the clipping rate cannot tell the groups apart there. "
+                       f"What clipping takes from each group is its pre-clipping norm over C: group {n}'s mean norm is "
+                       f"{_interval_text(norms[n].get('mean_norm'), '.2f')} against "
+                       f"{_interval_text(norms[majority].get('mean_norm'), '.2f')}; a larger ratio means its updates are "
+                       f"shrunk more (Bagdasaryan et al. 2019). A larger C, not the share clipped, is the lever that "
+                       f"would show a difference in rate.")
     return out
 
 

@@ -121,3 +121,28 @@ def test_groups_table_section_and_figure(grouped):
     assert "Who pays for the privacy" in html
     assert "clipped more often" in html  # dp4's rare group: 100% against 20%, intervals apart
     assert "Perplexity of group rare over group common" in html
+
+
+def test_findings_say_when_the_ratio_grows_and_when_clipping_is_saturated():
+    from dpaudit.report.html import _group_findings
+
+    def est(v, lo, hi):
+        return {"value": v, "low": lo, "high": hi, "units": 20, "confidence": 0.95, "note": ""}
+
+    def model(name, privacy, eps, ratio, shares):
+        clip = None if shares is None else {g: {"units": 10, "sampled": 50, "max_grad_norm": 1.0,
+                                                 "clipped_share": est(s, s, s), "mean_norm": est(n, n * .9, n * 1.1)}
+                                             for g, (s, n) in shares.items()}
+        return {"name": name, "privacy": privacy, "dp": {"epsilon": eps, "unit": "example"}, "groups": [
+            {"group": "common", "majority": True, "perplexity_ratio": None, "clipping": (clip or {}).get("common")},
+            {"group": "rare", "majority": False, "perplexity_ratio": est(*ratio), "clipping": (clip or {}).get("rare")}]}
+
+    models = [model("nonprivate", "non_private", None, (1.1, 1.05, 1.15), None),
+              model("dp1", "dp", 1.0, (1.4, 1.3, 1.5), {"common": (1.0, 4.0), "rare": (1.0, 9.0)}),
+              model("dp8", "dp", 8.0, (1.2, 1.12, 1.3), {"common": (1.0, 4.0), "rare": (1.0, 9.0)})]
+    text = " ".join(_group_findings(models))
+    assert "grows as ε falls" in text and "1.40 [1.30, 1.50]" in text
+    assert "clipped indistinguishably" in text
+    assert "every unit-step of both groups was clipped in dp1, dp8" in text and "9.00 [8.10, 9.90]" in text
+    models[1]["groups"][1]["perplexity_ratio"] = est(1.12, 1.0, 1.2)
+    assert "does not change measurably" in " ".join(_group_findings(models))
