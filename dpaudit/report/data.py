@@ -180,6 +180,13 @@ def assemble(snapshot: RunSnapshot, *, include_texts: bool = False, title: str |
         ext_rows += e
         patient_rows += p
         bound_rows += b
+    base_groups = None
+    if snapshot.base_nll is not None:  # the base model: the utility gap every fine-tune starts from
+        from dpaudit.report.snapshot import ModelSnapshot
+
+        base_groups, base_warnings = group_entries(ModelSnapshot(name="base", record_nll=snapshot.base_nll),
+                                                   snapshot.records, seed=int((snapshot.config or {}).get("seed") or 0))
+        warnings.extend(f"base: {w}" for w in base_warnings)
     _tpr_warning(models, warnings)
     fleet = _fleet(snapshot.fleet_keep, {a for m in models for a in m["attacks"]}, warnings)
     manifest = snapshot.manifest
@@ -194,6 +201,9 @@ def assemble(snapshot: RunSnapshot, *, include_texts: bool = False, title: str |
         "kind": snapshot.kind,
         "include_texts": include_texts,
         "models": models,
+        # per group, the base model's held-out perplexity (and ratio): what every fine-tune starts from
+        "groups_base": [{k: g[k] for k in ("group", "majority", "heldout_units", "heldout_perplexity",
+                                           "perplexity_ratio")} for g in base_groups] if base_groups else None,
         "fleet": fleet,
         "canaries": canaries,
         "audit_inputs": jsonable(inputs) if inputs is not None else None,

@@ -446,6 +446,12 @@ def groups(report: Mapping[str, Any]) -> Figure | None:
                 ax.plot(x, y, marker=mk, ms=6, ls="none", color=colors[n], markeredgecolor="black")
         if guide is not None:
             ax.axhline(guide, color="0.6", ls="--", lw=0.8)
+        if i == 0:  # the base model's gap, where every fine-tune starts
+            for g in report.get("groups_base") or []:
+                r = g.get("perplexity_ratio") or {}
+                if r.get("value") is not None and g["group"] in colors:
+                    ax.axhline(r["value"], color=colors[g["group"]], ls=":", lw=1.2,
+                               label=f"base model ({_label(g['group'])})")
         axis.apply(ax)
         ax.set_title(title, fontsize=9)
         ax.grid(True, color="0.92")

@@ -226,10 +226,12 @@ def _apart(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -> int:
     return 1 if a["low"] > b["high"] else -1 if a["high"] < b["low"] else 0
 
 
-def _group_findings(models: list[Mapping[str, Any]]) -> list[str]:
+def _group_findings(models: list[Mapping[str, Any]], base: list[Mapping[str, Any]] | None = None) -> list[str]:
     """The sentences of point 4: does the minority's perplexity ratio grow as ε falls, and is
-    the minority clipped more often; the numbers with their intervals."""
+    the minority clipped more often; the numbers with their intervals. ``base``: the base
+    model's groups (``report["groups_base"]``), the gap every fine-tune starts from."""
     out = []
+    base_ratio = {g["group"]: g.get("perplexity_ratio") for g in base or []}
     minorities = sorted({g["group"] for m in models for g in m["groups"] if not g.get("majority")})
     majority = next((g["group"] for m in models for g in m["groups"] if g.get("majority")), None)
     dp = sorted([m for m in models if m["privacy"] == "dp" and m["dp"]["epsilon"] is not None],
@@ -248,8 +250,10 @@ def _group_findings(models: list[Mapping[str, Any]]) -> list[str]:
                 -1: "shrinks as ε falls: its interval at the smallest ε lies below the one at the largest",
                 0: "does not change measurably with ε at this scale: the intervals at the smallest and the largest "
                    "ε overlap"}[verdict]
+        start = (f" The base model, before fine-tuning: {_interval_text(base_ratio[n])}."
+                 if isinstance(base_ratio.get(n), Mapping) and base_ratio[n].get("value") is not None else "")
         out.append(f"Perplexity of group {n} over group {majority} ({lowest[1]['confidence']:.0%} intervals over "
-                   f"units), by ε: {listed}. The ratio {said}.")
+                   f"units), by ε: {listed}. The ratio {said}.{start}")
         clipped = []
         for m in dp:
             g = {x["group"]: x for x in m["groups"]}
@@ -285,7 +289,7 @@ def _groups(r, images):
         return None
     names = sorted({g["group"] for m in models for g in m["groups"]})
     return {"image": images.get("groups"), "models": models, "names": names, "eps_text": _eps_text,
-            "interval": _interval_text, "findings": _group_findings(models),
+            "interval": _interval_text, "findings": _group_findings(models, r.get("groups_base")),
             "dp_models": [m for m in models if any(g["clipping"] for g in m["groups"])],
             "ext_models": [m for m in models if any(g["extraction"] for g in m["groups"])]}
 

@@ -71,3 +71,6 @@ class RunSnapshot:
     # the candidate records in the attacks' order, each {"unit_id", "role", "group"} (no text);
     # None: a corpus without groups
     records: tuple | None = None
+    # the base model's (the fine-tunes' start) per-record NLL and tokens, when the attack stage
+    # scored it (signals/base.npz); None otherwise
+    base_nll: tuple | Unreadable | None = None

@@ -39,12 +39,12 @@ def _read(reader, *args):
         return Unreadable(str(err))
 
 
-def _record_nll(md: ModelDir, num_records: int):
+def _record_nll(md: ModelDir | Path, num_records: int, name: str = "target"):
     """(NLL sum, scored tokens) of the first ``num_records`` texts the attack stage scored with
-    the model (its cached target signals: the candidates, then the canaries), or None."""
+    the model (its cached signals ``name``: the candidates, then the canaries), or None."""
     from dpaudit.stages.signal_cache import load_signals
 
-    path = md.root / "signals" / "target.npz"
+    path = (md.root if isinstance(md, ModelDir) else Path(md)) / "signals" / f"{name}.npz"
     if not num_records or not path.is_file():
         return None
     signals = load_signals(path)
@@ -104,6 +104,7 @@ def read_snapshot(rundir: RunDir) -> RunSnapshot:
     return RunSnapshot(
         name=rundir.root.resolve().name, kind=kind, names=tuple(names),
         models=tuple(_model_snapshot(rundir.model(n), config, records) for n in names), records=records,
+        base_nll=_read(_record_nll, rundir.root, len(records), "base") if records else None,
         extra=tuple(n for n in rundir.model_names() if n not in names),
         config=config.to_dict() if config is not None else None,
         trainable=config.model.trainable if config is not None else "all",

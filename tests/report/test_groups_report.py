@@ -64,6 +64,8 @@ def grouped(tmp_path_factory):
     norms = np.where(clipped == 10, 25.0, 6.0)
     uc = UnitClipping(unit_ids=ids, sampled=sampled, clipped=clipped, norm_sum=norms, max_grad_norm=1.0)
     write_npz_atomic(run.model("dp4").unit_clipping_path, **uc.to_arrays())
+    signals["base"] = _signals(rng, rare_shift=0.5)  # the base model, scored as the one reference
+    save_signals(run.root / "signals" / "base.npz", signals["base"], fingerprint="x")
     report = build_report(run.root)
     return run, report, signals
 
@@ -71,8 +73,8 @@ def grouped(tmp_path_factory):
 def test_groups_in_report_json_match_a_naive_loop(grouped):
     run, report, signals = grouped
     cands = _candidates()
-    for name in ("nonprivate", "dp4", "dp4-patient"):
-        m = _model(report, name)
+    for name in ("nonprivate", "dp4", "dp4-patient", "base"):
+        m = _model(report, name) if name != "base" else {"groups": report["groups_base"]}
         groups = {g["group"]: g for g in m["groups"]}
         assert set(groups) == {"common", "rare"} and groups["common"]["majority"]
         nll, tok = -signals[name].sum_logprob(), signals[name].token_count()
@@ -87,6 +89,8 @@ def test_groups_in_report_json_match_a_naive_loop(grouped):
         ratio = groups["rare"]["perplexity_ratio"]
         assert ratio["value"] == pytest.approx(ppl["rare"] / ppl["common"])
         assert groups["common"]["perplexity_ratio"] is None
+        if name == "base":  # the base model: utility only, the line every fine-tune starts from
+            continue
         # membership: the loss attack's member-split scores of the group's records
         scores, labels = run.model(name).read_results()["loss"]["arrays"]["members"]
         for g in ("common", "rare"):
@@ -121,6 +125,7 @@ def test_groups_table_section_and_figure(grouped):
     assert "Who pays for the privacy" in html
     assert "clipped more often" in html  # dp4's rare group: 100% against 20%, intervals apart
     assert "Perplexity of group rare over group common" in html
+    assert "The base model, before fine-tuning:" in html
 
 
 def test_findings_say_when_the_ratio_grows_and_when_clipping_is_saturated():
