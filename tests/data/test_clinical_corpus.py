@@ -238,3 +238,27 @@ def test_missing_vocabulary_file(vocab_copy):
     (vocab_copy / "phrasing.yaml").unlink()
     with pytest.raises(ClinicalVocabularyError, match=r"phrasing\.yaml cannot be read"):
         load_vocabulary(vocab_copy)
+
+
+def test_another_hospital_has_its_own_patients_and_vocabulary():
+    """The oncology hospital (a private distribution apart from the general one, issue 29
+    point 0): its own unit ids, note templates and conditions; an unknown hospital is refused."""
+    onc = generate_clinical_notes(num_patients=30, seed=7, hospital="oncology")
+    gen = generate_clinical_notes(num_patients=30, seed=7)
+    assert all(u.startswith("oncology-patient-") for u in onc["unit_id"]) and set(onc["hospital"]) == {"oncology"}
+    names = {d.name for d in clinical._vocab("oncology").diagnoses}
+    assert not names & {d.name for d in clinical._vocab().diagnoses}
+    assert not set(onc["text"]) & set(gen["text"])
+    with pytest.raises(InputError, match="unknown hospital"):
+        generate_clinical_notes(num_patients=3, seed=0, hospital="mars")
+
+
+def test_public_data_from_another_hospital_is_one_choice():
+    from dpaudit.config import load_config, validate
+
+    config = load_config("tiny", overrides=["data.public={hospital: general, num_patients: 20}",
+                                            "data.public_fraction=0", "data.hospital=oncology"])
+    validate(config)
+    assert config.data.has_public() and config.data.public.num_patients == 20
+    with pytest.raises(InputError, match="both choose the public data"):
+        validate(load_config("tiny", overrides=["data.public={hospital: general}"]))
