@@ -27,17 +27,44 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
 @dataclass
+class PublicDataConfig:
+    """Public data from a corpus of its own (another hospital, a public corpus): the tokenizer
+    and the base model train on it, and no private unit is in it. ``source`` is loaded as
+    ``data.source`` is, with this section's columns; ``hospital`` and ``num_patients`` size the
+    built-in clinical corpus, generated from a seed of its own (the run's ``public`` seed)."""
+
+    source: str = "clinical"
+    text_column: str = "text"
+    unit_column: str | None = "unit_id"
+    split: str = "train"
+    hospital: str = "general"
+    num_patients: int = 400
+
+
+@dataclass
 class DataConfig:
     """Where the training text comes from and how it is split."""
 
     source: str = "clinical"  # "clinical", a local file or directory, or a hub data set name
     text_column: str = "text"
     unit_column: str | None = "unit_id"
+    # the column naming each record's group (e.g. a cohort); the report says per group who pays for
+    # the privacy; None: no groups, except the built-in clinical corpus, whose "group" column is
+    # used (common / rare conditions)
+    group_column: str | None = None
     split: str = "train"
     num_patients: int = 300  # size of the built-in clinical corpus
+    hospital: str = "general"  # the built-in clinical corpus's hospital: general or oncology
+    # the built-in clinical corpus: share of patients with a rare condition (hospitals that have them)
+    minority_fraction: float = 0.05
     holdout_fraction: float = 0.5  # of the private units
     public_fraction: float = 0.0  # units set apart as public data (tokenizer, base model); 0: none
+    public: PublicDataConfig | None = None  # public data from a corpus of its own (instead of public_fraction)
     max_length: int = 128
+
+    def has_public(self) -> bool:
+        """The run has public data: a corpus of its own, or a fraction of this one's units."""
+        return self.public is not None or self.public_fraction > 0
 
 
 @dataclass
@@ -453,9 +480,16 @@ def validate(config: Config) -> None:
         raise InputError(f"config key canaries.inclusion_prob must be in (0, 1), got {config.canaries.inclusion_prob}")
     if not 0 <= config.data.public_fraction < 1:
         raise InputError(f"config key data.public_fraction must be in [0, 1), got {config.data.public_fraction}")
+    if not 0 <= config.data.minority_fraction <= 1:
+        raise InputError(f"config key data.minority_fraction must be in [0, 1], got {config.data.minority_fraction}")
+    if config.data.public is not None:
+        if config.data.public_fraction > 0:
+            raise InputError("config keys data.public and data.public_fraction both choose the public data; set one")
+        positive("data.public.num_patients", config.data.public.num_patients)
     if config.trains_base():
-        if config.data.public_fraction == 0:
-            raise InputError("config key pretrain.enabled needs public data: set data.public_fraction > 0")
+        if not config.data.has_public():
+            raise InputError("config key pretrain.enabled needs public data: set data.public_fraction > 0 "
+                             "or data.public")
         p = config.pretrain
         for key in ("lr", "epochs", "steps", "batch_size", "microbatch_size"):
             positive(f"pretrain.{key}", getattr(p, key))

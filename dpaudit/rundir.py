@@ -13,7 +13,7 @@ A run is a set of models that share their data, canaries and reference fleet::
       signals/               signals of the reference models                (attack)
       models/NAME/           model/, train_log.jsonl, dp_event.json,        (train)
                              train_checks.json, gradient_canaries.npz,
-                             error.json
+                             unit_clipping.npz, error.json
                              signals/, results/ATTACK.json|npz              (attack)
                              extraction.json                                (extract)
                              multi_run.json|npz                             (multi-run audit)
@@ -140,6 +140,7 @@ def write_jsonl_atomic(path: str | Path, rows: list[dict[str, Any]]) -> None:
 # file names that trainers write into the directory they are given (the plug-in's run_dir)
 TRAIN_LOG, DP_EVENT, TRAIN_CHECKS = "train_log.jsonl", "dp_event.json", "train_checks.json"
 GRADIENT_CANARIES = "gradient_canaries.npz"  # a DP run with train.dp.gradient_canaries > 0
+UNIT_CLIPPING = "unit_clipping.npz"  # a DP run whose engine records whose gradient was clipped
 
 
 class ModelDir:
@@ -157,6 +158,7 @@ class ModelDir:
     dp_event_path = property(lambda self: self.root / DP_EVENT)
     train_checks_path = property(lambda self: self.root / TRAIN_CHECKS)
     gradient_canaries_path = property(lambda self: self.root / GRADIENT_CANARIES)
+    unit_clipping_path = property(lambda self: self.root / UNIT_CLIPPING)
     error_path = property(lambda self: self.root / "error.json")
     signals_dir = property(lambda self: self.root / "signals")
     results_dir = property(lambda self: self.root / "results")

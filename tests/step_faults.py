@@ -34,7 +34,7 @@ class KindFaultEngine(DPSGDEngine):
     def norm_weight(module: nn.Module, attr: str) -> float | None:
         return 1.0
 
-    def clipped_sum(self, unit_grads, total, stats):
+    def clipped_sum(self, unit_grads, total, stats, units=None):
         first = next(iter(unit_grads.values()))
         if first.shape[0] == 0:
             return
@@ -45,7 +45,7 @@ class KindFaultEngine(DPSGDEngine):
         factors = self.clip_factors(squares.sqrt())
         for name, g in unit_grads.items():
             total[name] += g.sum(0) if self.weight[name] is None else torch.einsum("k,k...->...", factors, g)
-        self.record_norms(squares.sqrt(), stats)
+        self.record_norms(squares.sqrt(), stats, units)
 
 
 class NormGainsUnclipped(KindFaultEngine):

@@ -81,6 +81,10 @@ def files(tmp_path_factory):
                                + "a\n")
     f.unit_jsonl = write("users.jsonl", "".join(json.dumps({"body": f"n {i}", "user": str(i % 3)}) + "\n"
                                                 for i in range(20)))
+    # user 0's records name two cohorts: a unit belongs to one group (issue 29)
+    f.split_group = write("cohorts.jsonl", "".join(json.dumps({"text": f"n {i}", "unit_id": str(i % 3),
+                                                               "cohort": "a" if i < 10 else "b"}) + "\n"
+                                                   for i in range(20)))
 
     tokenizer = train_tokenizer([f"word{i} other{i * 7} note" for i in range(300)], vocab_size=300)
     model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=len(tokenizer), n_positions=64))
@@ -173,6 +177,8 @@ CATALOGUE = {
     "data file without the text column": (lambda f: train(f"data.source={f.no_text}"), "text column 'text' not found"),
     "data file with one text": (lambda f: train(f"data.source={f.one_text}"), "at least 2 protected units"),
     "data file not UTF-8": (lambda f: train(f"data.source={f.latin1}", "data.unit_column=null"), "utf-8"),
+    "unit in two groups": (lambda f: train(f"data.source={f.split_group}", "data.group_column=cohort"),
+                           "has records in group 'a' and in group 'b'"),
     "members file empty": (lambda f: audit(f, f.model, members=f.empty), "holds no texts"),
     "members file not JSON": (lambda f: audit(f, f.model, members=f.not_json), "is not valid JSON"),
     "members file without text": (lambda f: audit(f, f.model, members=f.no_text), "no string field 'text'"),

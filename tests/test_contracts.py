@@ -25,6 +25,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedModel, PreTraine
 
 from dpaudit.accounting import DpRecord
 from dpaudit.audit import CanaryScores
+from dpaudit.audit.groups import UnitClipping
 from dpaudit.audit.ladder import Rung
 from dpaudit.canaries import (
     KINDS,
@@ -327,6 +328,8 @@ TRAINING = TrainingRecord(log=[{"step": 0, "train_eval_loss": 4.25, "heldout_los
                           checks={"ok": True, "sampler": "poisson", "batch_size": {"mean": 3.0, "consistent": True},
                                   "seeds": {"model": 1, "noise": None}},
                           dp=DP)
+UNIT_CLIPPING = UnitClipping(unit_ids=np.array(["p01", "p01", "canary-3"]), sampled=np.array([4, 2, 0]),
+                             clipped=np.array([1, 2, 0]), norm_sum=np.array([3.5, 9.0, 0.0]), max_grad_norm=1.0)
 SPLIT = {"schema_version": 1, "seed": 4, "holdout_fraction": 0.5, "member_units": ["p01", "p03"],
          "heldout_units": ["p02"], "public_units": ["p00"]}
 CANARIES = make_canaries(spec="random_secret", num_canaries=5, seed=2, repetitions=2)
@@ -396,6 +399,8 @@ CODECS = [
     Codec("training", artifacts.write_training, _read_training, TRAINING, _training_expected),
     Codec("training_nonprivate", artifacts.write_training, _read_training,
           dataclasses.replace(TRAINING, dp=NONPRIVATE, checks=None), _training_expected),
+    Codec("unit_clipping", lambda root, u: artifacts.write_training(root, TrainingRecord(unit_clipping=u)),
+          lambda root: artifacts.read_unit_clipping(root).to_arrays(), UNIT_CLIPPING, lambda u: u.to_arrays()),
     Codec("split", lambda root, s: artifacts.save_split(s, root / "split.json"),
           lambda root: artifacts.load_split(root / "split.json"), SPLIT),
     Codec("canaries", lambda root, c: artifacts.save_canaries(c, root / "c.json", spec="random_secret"),

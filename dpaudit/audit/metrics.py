@@ -253,6 +253,8 @@ def bootstrap_ci(
     num_samples: int = 1000,
     confidence: float = 0.95,
     seed: int | None = 0,
+    in_units=None,
+    out_units=None,
 ) -> ConfidenceInterval:
     """Percentile-bootstrap confidence interval of a metric, seeded.
 
@@ -261,8 +263,19 @@ def bootstrap_ci(
     resampled separately with replacement, ``num_samples`` times, from
     ``numpy.random.default_rng(seed)``. The interval covers the central ``confidence``
     mass of the resampled metric.
+
+    ``in_units`` / ``out_units`` (one key per score, both or neither): a cluster bootstrap,
+    which resamples whole units (a patient with all their notes) rather than scores, since
+    the records of one unit are not independent (Field and Welsh 2007, "Bootstrapping
+    clustered data", doi 10.1111/j.1467-9868.2007.00593.x).
     """
     ins, outs = as_scores("in_scores", in_scores), as_scores("out_scores", out_scores)
+    if (in_units is None) != (out_units is None):
+        raise InputError("in_units and out_units go together (a cluster bootstrap of both sides)")
+    clusters = None
+    if in_units is not None:
+        clusters = [_clusters(units, n, side) for units, n, side in ((in_units, ins.size, "in_units"),
+                                                                     (out_units, outs.size, "out_units"))]
     name, fn = _metric_fn(metric, fpr)
     if isinstance(num_samples, bool) or int(num_samples) != num_samples or num_samples < 2:
         raise InputError(f"num_samples must be an integer >= 2, got {num_samples!r}")
@@ -276,11 +289,38 @@ def bootstrap_ci(
     rng = np.random.default_rng(seed)
     values = np.empty(num_samples)
     for b in range(num_samples):
-        i_b = ins[rng.integers(0, ins.size, ins.size)]
-        o_b = outs[rng.integers(0, outs.size, outs.size)]
-        values[b] = fn(i_b, o_b)
+        if clusters is None:
+            i_b = ins[rng.integers(0, ins.size, ins.size)]
+            o_b = outs[rng.integers(0, outs.size, outs.size)]
+        else:
+            i_b, o_b = (scores[_resample_clusters(members, rng)] for scores, members in zip((ins, outs), clusters))
+        value = fn(i_b, o_b)
+        values[b] = np.nan if value is None else value
+    values = values[np.isfinite(values)]
+    if values.size == 0:
+        return ConfidenceInterval(name, float(estimate), None, None, float(confidence), num_samples, seed,
+                                  "metric undefined on every resample")
     tail = (1.0 - float(confidence)) / 2.0
     low, high = np.quantile(values, [tail, 1.0 - tail])
     return ConfidenceInterval(
         name, float(estimate), float(low), float(high), float(confidence), num_samples, seed
     )
+
+
+def _clusters(units, n: int, what: str) -> list[np.ndarray]:
+    """The score indices of each distinct unit of ``units`` (first-seen order)."""
+    units = list(units)
+    if len(units) != n:
+        raise InputError(f"{what} must give one unit per score: {len(units)} for {n} scores")
+    index: dict = {}
+    for i, u in enumerate(units):
+        index.setdefault(u, []).append(i)
+    return [np.asarray(ix, dtype=np.int64) for ix in index.values()]
+
+
+def _resample_clusters(clusters: list[np.ndarray], rng: np.random.Generator) -> np.ndarray:
+    """The score indices of ``len(clusters)`` units drawn with replacement, all records of each."""
+    if not clusters:
+        return np.zeros(0, dtype=np.int64)
+    drawn = rng.integers(0, len(clusters), len(clusters))
+    return np.concatenate([clusters[j] for j in drawn])

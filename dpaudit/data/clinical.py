@@ -40,11 +40,14 @@ identical data set in any process, and a larger ``num_patients`` extends a small
 from __future__ import annotations
 
 import datetime as _dt
+import zlib
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import numpy as np
 
 from dpaudit.data.clinical_vocabulary import (
+    HOSPITALS,
     VOCAB_DIR,
     VOCAB_FILES,
     ClinicalVocabularyError,
@@ -61,6 +64,10 @@ __all__ = [
     "Diagnosis",
     "ClinicalVocabularyError",
     "generate_clinical_notes",
+    "HOSPITALS",
+    "COMMON",
+    "RARE",
+    "MINORITY_FRACTION",
     "random_patient_fields",
     "format_mrn",
     "format_phone",
@@ -74,6 +81,14 @@ NOTE_TYPES = ("discharge_summary", "progress_note")
 # A fixed, documented salt so that the corpus seed stream never coincides with another
 # stream derived from the same run seed (canaries, splits) by accident.
 _CORPUS_SALT = 0xC11A1C
+_RARE_SALT = 0x5A4E  # the stream that decides who has a rare condition
+
+#: The groups of the corpus: patients admitted with one of their hospital's common
+#: conditions, and the minority admitted with a rare one (``rare_diagnoses``).
+COMMON, RARE = "common", "rare"
+#: The share of a hospital's patients with a rare condition, by default.
+MINORITY_FRACTION = 0.05
+_COLUMNS = ("text", "unit_id", "note_id", "note_type", "hospital", "group")
 
 def __getattr__(name: str):
     # DIAGNOSES and COMORBIDITIES are read from the data files on first access, so that
@@ -131,12 +146,12 @@ def _random_phone(rng: np.random.Generator) -> str:
 _DATE_STYLES = 3  # ISO, MM/DD/YYYY, "Month D, YYYY"
 
 
-def _fmt_date(d: _dt.date, style: int) -> str:
+def _fmt_date(d: _dt.date, style: int, months) -> str:
     if style == 0:
         return d.isoformat()
     if style == 1:
         return f"{d.month:02d}/{d.day:02d}/{d.year}"
-    return f"{_vocab().months[d.month - 1]} {d.day}, {d.year}"
+    return f"{months[d.month - 1]} {d.day}, {d.year}"
 
 
 def _lab_value(rng: np.random.Generator, lab: tuple[str, float, float, str, int]) -> str:
@@ -151,6 +166,7 @@ _BASE_DATE = _dt.date(2014, 1, 1)
 
 @dataclass
 class _Patient:
+    v: SimpleNamespace  # the vocabulary of the patient's hospital
     pid: str
     first: str
     last: str
@@ -168,14 +184,17 @@ class _Patient:
     city: str
     social: str
     admit: _dt.date
+    rare: bool = False  # the admitting diagnosis is one of the hospital's rare ones
+
 
     @property
     def name(self) -> str:
         return f"{self.first} {self.last}"
 
 
-def _make_patient(pid: str, rng: np.random.Generator, fake) -> _Patient:
-    v = _vocab()
+def _make_patient(pid: str, rng: np.random.Generator, fake, *, v: SimpleNamespace | None = None,
+                  rare: bool = False) -> _Patient:
+    v = v if v is not None else _vocab()
     bg = v.patient
     sex = "F" if rng.random() < 0.5 else "M"
     first = fake.first_name_female() if sex == "F" else fake.first_name_male()
@@ -188,7 +207,10 @@ def _make_patient(pid: str, rng: np.random.Generator, fake) -> _Patient:
     dob = _dt.date(admit.year - age, int(rng.integers(1, 13)), int(rng.integers(1, 29)))
     mrn = format_mrn(int(rng.integers(0, 10**8)))
     phone = _random_phone(rng)
-    dx = _pick(rng, v.diagnoses)
+    # who is rare is drawn apart (generate_clinical_notes), so every other patient is the
+    # patient of a corpus without a minority, draw for draw
+    rare = bool(rare) and bool(v.rare_diagnoses)
+    dx = _pick(rng, v.rare_diagnoses if rare else v.diagnoses)
     comorbid = _subset(rng, bg.comorbidities, 0, 3)
     home_meds = [_pick(rng, meds) for _, meds in comorbid if meds]
     allergies = _subset(rng, bg.allergies, 0, 2) if rng.random() < 0.45 else []
@@ -196,8 +218,8 @@ def _make_patient(pid: str, rng: np.random.Generator, fake) -> _Patient:
     rel = bg.relation_for_sex[sex].get(rel, rel)
     template = _pick(rng, bg.social_history)
     social = template.format(relation=rel, city=city, job=_pick(rng, bg.jobs), years=int(rng.integers(2, 30)))
-    return _Patient(pid, first, last, sex, age, dob, mrn, phone, dx, comorbid, home_meds, allergies,
-                    attending, pcp, city, social, admit)
+    return _Patient(v, pid, first, last, sex, age, dob, mrn, phone, dx, comorbid, home_meds, allergies,
+                    attending, pcp, city, social, admit, rare)
 
 
 # --------------------------------------------------------------------------------------
@@ -206,12 +228,12 @@ def _make_patient(pid: str, rng: np.random.Generator, fake) -> _Patient:
 
 
 def _sexword(p: _Patient, rng) -> str:
-    return _pick(rng, _vocab().sex_words[p.sex])
+    return _pick(rng, p.v.sex_words[p.sex])
 
 
 def _pron(p: _Patient) -> dict[str, str]:
     """Template fields he/He (subject) and his/His (possessive) for the patient."""
-    he, his = _vocab().pronouns[p.sex]
+    he, his = p.v.pronouns[p.sex]
     return {"he": he, "He": he.capitalize(), "his": his, "His": his.capitalize()}
 
 
@@ -221,7 +243,7 @@ def _history_phrase(p: _Patient) -> str:
 
 
 def _hpi(p: _Patient, rng) -> str:
-    hp = _vocab().hpi
+    hp = p.v.hpi
     syms = _subset(rng, p.dx.symptoms, 2, 3)
     dur = _pick(rng, hp.durations)
     hist = _history_phrase(p)
@@ -236,7 +258,7 @@ def _hpi(p: _Patient, rng) -> str:
 
 
 def _course(p: _Patient, rng) -> str:
-    cv = _vocab().course
+    cv = p.v.course
     sents = _subset(rng, p.dx.course, 2, 3)
     tx = _subset(rng, p.dx.inpatient, 1, 2)
     connectors = cv.connectors
@@ -255,11 +277,11 @@ def _vitals(p: _Patient, rng) -> str:
     dbp = int(rng.integers(56, 98))
     rr = int(rng.integers(12, 24))
     spo2 = int(rng.integers(89, 100))
-    return _pick(rng, _vocab().vitals).format(temp=t, hr=hr, sbp=sbp, dbp=dbp, rr=rr, spo2=spo2)
+    return _pick(rng, p.v.vitals).format(temp=t, hr=hr, sbp=sbp, dbp=dbp, rr=rr, spo2=spo2)
 
 
 def _labs(p: _Patient, rng) -> str:
-    lv = _vocab().labs
+    lv = p.v.labs
     vals = [_lab_value(rng, lab) for lab in _subset(rng, p.dx.labs, 1, 3)]
     if rng.random() < 0.5:
         vals.append(_lab_value(rng, _pick(rng, lv.routine)))
@@ -276,18 +298,18 @@ def _meds_section(p: _Patient, rng, heading: str) -> str:
 
 
 def _allergy_line(p: _Patient, rng) -> str:
-    av = _vocab().allergies
+    av = p.v.allergies
     if not p.allergies:
         return _pick(rng, av.none)
     return _pick(rng, av.templates).format(allergies=_join(p.allergies))
 
 
 def _contact_line(p: _Patient, rng) -> str:
-    return _pick(rng, _vocab().contact).format(phone=p.phone, **_pron(p))
+    return _pick(rng, p.v.contact).format(phone=p.phone, **_pron(p))
 
 
 def _diagnosis_line(p: _Patient, rng) -> str:
-    dv = _vocab().diagnosis_line
+    dv = p.v.diagnosis_line
     sec = [c for c, _ in p.comorbid]
     fields = {"diagnosis": p.dx.name, "secondary": _join(sec), "secondary_list": ", ".join(sec)}
     if rng.random() < 0.5:
@@ -299,7 +321,7 @@ def _diagnosis_line(p: _Patient, rng) -> str:
 
 
 def _disposition(p: _Patient, rng, date: str) -> str:
-    v = _vocab()
+    v = p.v
     dispo = _pick(rng, v.patient.dispositions)
     n_weeks = int(rng.integers(1, 5))
     weeks = v.disposition.one_week if n_weeks == 1 else v.disposition.weeks.format(n=n_weeks)
@@ -316,9 +338,9 @@ def _disposition(p: _Patient, rng, date: str) -> str:
 
 
 def _discharge_summary(p: _Patient, rng, admit: _dt.date, discharge: _dt.date) -> str:
-    dv = _vocab().discharge_summary
+    dv = p.v.discharge_summary
     ds = int(rng.integers(_DATE_STYLES))
-    a, d, dob = _fmt_date(admit, ds), _fmt_date(discharge, ds), _fmt_date(p.dob, ds)
+    a, d, dob = (_fmt_date(x, ds, p.v.months) for x in (admit, discharge, p.dob))
     header = _pick(rng, dv.headers).format(
         name=p.name, first=p.first, last=p.last, mrn=p.mrn, dob=dob, admitted=a, discharged=d,
         attending=p.attending,
@@ -346,9 +368,9 @@ def _discharge_summary(p: _Patient, rng, admit: _dt.date, discharge: _dt.date) -
 
 
 def _progress_note(p: _Patient, rng, date: _dt.date, day: int) -> str:
-    pv = _vocab().progress_note
+    pv = p.v.progress_note
     ds = int(rng.integers(_DATE_STYLES))
-    dt = _fmt_date(date, ds)
+    dt = _fmt_date(date, ds, p.v.months)
     header = _pick(rng, pv.headers).format(
         day=day, date=dt, name=p.name, first=p.first, last=p.last, mrn=p.mrn, age=p.age, sex=p.sex,
     )
@@ -411,22 +433,33 @@ def _patient_notes(p: _Patient, rng, k: int) -> list[tuple[str, str]]:
     return notes
 
 
-def generate_clinical_notes(*, num_patients: int, notes_per_patient: tuple[int, int] = (2, 5), seed: int):
-    """Generate the synthetic clinical-notes corpus.
+def generate_clinical_notes(*, num_patients: int, notes_per_patient: tuple[int, int] = (2, 5), seed: int,
+                            hospital: str = "general", minority_fraction: float = MINORITY_FRACTION):
+    """Generate the synthetic clinical-notes corpus of one hospital.
 
     Parameters (keyword-only):
         num_patients: number of synthetic patients (>= 1).
         notes_per_patient: inclusive range ``(low, high)``; each patient gets a uniform
             number of notes in it.
-        seed: the corpus seed. Patient ``i`` is generated from
-            ``numpy.random.SeedSequence([salt, seed, i])`` and a ``faker`` instance seeded
-            from the same sequence, so the result is identical across processes.
+        seed: the corpus seed. Patient ``i`` of the general hospital is generated from
+            ``numpy.random.SeedSequence([salt, seed, i])`` (of another hospital from
+            ``[salt, seed, i, crc32(hospital)]``) and a ``faker`` instance seeded from the
+            same sequence, so the result is identical across processes.
+        hospital: a key of :data:`HOSPITALS`: ``"general"`` (a general medicine ward) or
+            ``"oncology"`` (an inpatient cancer center: other conditions, drugs, labs, note
+            templates and headings than the general hospital's).
+        minority_fraction: in a hospital with rare conditions (``rare_diagnoses`` of its
+            vocabulary: the oncology hospital's), the probability that a patient has one;
+            such patients form the labelled minority (group ``"rare"``). The fraction decides
+            only who is rare: every other patient, and every other field, stays the same.
 
     Returns:
         ``datasets.Dataset`` with columns ``text``, ``unit_id`` (the patient, e.g.
-        ``"patient-00012"``), ``note_id`` (unique per row, e.g. ``"patient-00012-note-01"``)
-        and ``note_type`` (``"discharge_summary"`` or ``"progress_note"``). Notes of one
-        patient share the patient's name, MRN, phone and diagnoses.
+        ``"patient-00012"``; ``"oncology-patient-00012"`` in the oncology hospital),
+        ``note_id`` (unique per row, e.g. ``"patient-00012-note-01"``), ``note_type``
+        (``"discharge_summary"`` or ``"progress_note"``), ``hospital`` and ``group``
+        (``"common"``, or ``"rare"`` for a patient admitted with a rare condition). Notes of
+        one patient share the patient's name, MRN, phone, diagnoses and group.
     """
     import datasets
 
@@ -440,33 +473,34 @@ def generate_clinical_notes(*, num_patients: int, notes_per_patient: tuple[int, 
         raise InputError(f"notes_per_patient must satisfy 1 <= low <= high, got {notes_per_patient!r}")
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise InputError(f"seed must be a non-negative integer, got {seed!r}")
+    if isinstance(minority_fraction, bool) or not isinstance(minority_fraction, (int, float)) \
+            or not 0 <= minority_fraction <= 1:
+        raise InputError(f"minority_fraction must be a number in [0, 1], got {minority_fraction!r}")
+    vocab = _vocab(hospital)  # an InputError for an unknown hospital
 
     width = max(5, len(str(int(num_patients) - 1)))
     from faker import Faker
 
     fake = Faker("en_US")
-    texts, units, note_ids, types = [], [], [], []
+    prefix = "patient-" if hospital == "general" else f"{hospital}-patient-"
+    tail = [] if hospital == "general" else [zlib.crc32(hospital.encode())]
+    rows: dict[str, list[str]] = {k: [] for k in _COLUMNS}
     for i in range(int(num_patients)):
-        ss = np.random.SeedSequence([_CORPUS_SALT, int(seed), i])
+        ss = np.random.SeedSequence([_CORPUS_SALT, int(seed), i, *tail])
         rng = np.random.default_rng(ss)
         fake.seed_instance(int(ss.generate_state(1, dtype=np.uint32)[0]))
-        pid = f"patient-{i:0{width}d}"
-        p = _make_patient(pid, rng, fake)
+        pid = f"{prefix}{i:0{width}d}"
+        # the minority is drawn from a stream of its own: a patient outside it is, field for
+        # field, the patient of the same seed in a corpus without one
+        rare = np.random.default_rng(np.random.SeedSequence([_CORPUS_SALT, int(seed), i, *tail, _RARE_SALT]))
+        p = _make_patient(pid, rng, fake, v=vocab, rare=bool(rare.random() < minority_fraction))
         k = int(rng.integers(lo, hi + 1))
         for j, (ntype, text) in enumerate(_patient_notes(p, rng, k)):
-            texts.append(text)
-            units.append(pid)
-            note_ids.append(f"{pid}-note-{j + 1:02d}")
-            types.append(ntype)
-    features = datasets.Features({
-        "text": datasets.Value("string"),
-        "unit_id": datasets.Value("string"),
-        "note_id": datasets.Value("string"),
-        "note_type": datasets.Value("string"),
-    })
-    return datasets.Dataset.from_dict(
-        {"text": texts, "unit_id": units, "note_id": note_ids, "note_type": types}, features=features
-    )
+            for key, value in zip(_COLUMNS, (text, pid, f"{pid}-note-{j + 1:02d}", ntype, hospital,
+                                             RARE if p.rare else COMMON)):
+                rows[key].append(value)
+    features = datasets.Features({k: datasets.Value("string") for k in _COLUMNS})
+    return datasets.Dataset.from_dict(rows, features=features)
 
 
 def random_patient_fields(*, rng: np.random.Generator, faker) -> dict[str, str]:
@@ -485,12 +519,12 @@ def random_patient_fields(*, rng: np.random.Generator, faker) -> dict[str, str]:
         "last_name": p.last,
         "mrn": p.mrn,
         "phone": p.phone,
-        "dob": _fmt_date(p.dob, ds),
+        "dob": _fmt_date(p.dob, ds, p.v.months),
         "age": str(p.age),
         "sex": "female" if p.sex == "F" else "male",
         "diagnosis": p.dx.name,
         "medication": _pick(rng, meds),
-        "date": _fmt_date(p.admit, ds),
+        "date": _fmt_date(p.admit, ds, p.v.months),
         "doctor": f"Dr. {p.attending}",
         "city": p.city,
     }

@@ -2,9 +2,10 @@
 
 Every word list and phrasing of :mod:`dpaudit.data.clinical` lives in YAML files shipped
 inside the package, ``dpaudit/data/clinical_vocab/`` (read with ``importlib.resources``):
-``diagnoses.yaml``, ``patients.yaml`` and ``phrasing.yaml``. They are read and validated once,
-on first use (:func:`vocabulary`); a malformed file raises :class:`ClinicalVocabularyError`
-naming the file and the key.
+``diagnoses.yaml``, ``patients.yaml`` and ``phrasing.yaml``: the general hospital's in the
+directory itself, each other hospital's (:data:`HOSPITALS`) in a subdirectory of its name with
+the same three files. They are read and validated once, on first use (:func:`vocabulary`); a
+malformed file raises :class:`ClinicalVocabularyError` naming the file and the key.
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ from dpaudit.errors import InputError
 # The vocabulary files, in the package data of ``dpaudit.data``.
 VOCAB_DIR = "clinical_vocab"
 VOCAB_FILES = ("diagnoses.yaml", "patients.yaml", "phrasing.yaml")
+# The hospitals of the corpus: name -> the vocabulary's directory under VOCAB_DIR ("" for the
+# general hospital, whose files are VOCAB_DIR's own).
+HOSPITALS = {"general": "", "oncology": "oncology"}
 
 
 @dataclass(frozen=True)
@@ -182,9 +186,21 @@ class _Reader:
         return out
 
 
-def _read_diagnoses(r: _Reader) -> tuple[Diagnosis, ...]:
+def _read_diagnoses(r: _Reader) -> tuple[tuple[Diagnosis, ...], tuple[Diagnosis, ...]]:
+    """(diagnoses, rare_diagnoses); the second may be absent (empty)."""
+    common = _read_diagnosis_list(r, "diagnoses", min_len=1)
+    rare = _read_diagnosis_list(r, "rare_diagnoses", min_len=0) if r.get("rare_diagnoses", None) is not None else ()
+    names = [x.name for x in common + rare]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise r._fail("diagnoses", f"duplicate name(s) {', '.join(dup)}")
+    r.done()
+    return common, rare
+
+
+def _read_diagnosis_list(r: _Reader, key: str, *, min_len: int) -> tuple[Diagnosis, ...]:
     out = []
-    for d in r.sections("diagnoses"):
+    for d in r.sections(key, min_len=min_len):
         out.append(Diagnosis(
             name=d.string("name"),
             symptoms=d.strings("symptoms", min_len=2),
@@ -198,11 +214,6 @@ def _read_diagnoses(r: _Reader) -> tuple[Diagnosis, ...]:
             exam=d.strings("exam", min_len=0) if d.get("exam", None) is not None else (),
         ))
         d.done()
-    names = [x.name for x in out]
-    dup = sorted({n for n in names if names.count(n) > 1})
-    if dup:
-        raise r._fail("diagnoses", f"duplicate name(s) {', '.join(dup)}")
-    r.done()
     return tuple(out)
 
 
@@ -360,21 +371,30 @@ def _read_file(directory, name: str) -> _Reader:
     return _Reader(raw, origin)
 
 
+def hospital_directory(hospital: str = "general"):
+    """The shipped vocabulary directory of ``hospital`` (a key of :data:`HOSPITALS`)."""
+    if hospital not in HOSPITALS:
+        raise InputError(f"unknown hospital {hospital!r} of the clinical corpus: known are {', '.join(HOSPITALS)}")
+    directory = resources.files("dpaudit.data").joinpath(VOCAB_DIR)
+    return directory.joinpath(HOSPITALS[hospital]) if HOSPITALS[hospital] else directory
+
+
 def load_vocabulary(directory=None) -> SimpleNamespace:
     """Read and validate the vocabulary files in ``directory`` (a path or an importlib
-    Traversable; default: the files shipped in ``dpaudit.data``). Raises
+    Traversable; default: the general hospital's files shipped in ``dpaudit.data``). Raises
     :class:`ClinicalVocabularyError` naming the file and key when one is malformed.
-    Uncached; the generator uses the shipped files through :func:`vocabulary`."""
+    Uncached; the generator uses the shipped files through :func:`vocabulary`. ``diagnoses``
+    are the common conditions, ``rare_diagnoses`` (possibly empty) the rare ones."""
     if directory is None:
-        directory = resources.files("dpaudit.data").joinpath(VOCAB_DIR)
+        directory = hospital_directory()
     diagnoses, patients, phrasing = (_read_file(directory, n) for n in VOCAB_FILES)
     vocab = _read_phrasing(phrasing)
-    vocab.diagnoses = _read_diagnoses(diagnoses)
+    vocab.diagnoses, vocab.rare_diagnoses = _read_diagnoses(diagnoses)
     vocab.patient = _read_patients(patients)
     return vocab
 
 
 @functools.cache
-def vocabulary() -> SimpleNamespace:
-    """The shipped vocabulary, read and validated once per process."""
-    return load_vocabulary()
+def vocabulary(hospital: str = "general") -> SimpleNamespace:
+    """The shipped vocabulary of ``hospital``, read and validated once per process."""
+    return load_vocabulary(hospital_directory(hospital))

@@ -4,7 +4,14 @@ protected unit, and tokenize it.
 Every corpus comes out in one shape, a ``datasets.Dataset`` with two string columns:
 
 * ``text``    - one training record;
-* ``unit_id`` - the protected unit the record belongs to (a patient, a user, a note...).
+* ``unit_id`` - the protected unit the record belongs to (a patient, a user, a note...);
+
+and, when a group column is named (``group_column``), a third:
+
+* ``group``   - the group of people the record's unit belongs to (a cohort, a minority): the
+  report says per group what the privacy costs and who pays (Bagdasaryan et al. 2019, arXiv
+  1905.12101). A record belongs to one group, and a unit's group is its records' group: a
+  unit whose records name different groups is an ``InputError``.
 
 Differential privacy protects *units*: all records of one unit are members together or
 held out together (``split_by_unit``), and DP-SGD samples and clips per unit. With
@@ -16,6 +23,7 @@ from __future__ import annotations
 import logging
 import os
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +34,7 @@ from dpaudit.errors import InputError
 __all__ = [
     "SPLIT_SCHEMA_VERSION",
     "load_corpus",
+    "unit_groups",
     "split_by_unit",
     "apply_split",
     "check_split",
@@ -148,8 +157,12 @@ def load_corpus(
     num_patients: int = 500,
     seed: int = 0,
     trust_remote_code: bool = False,
+    group_column: str | None = None,
+    hospital: str = "general",
+    minority_fraction: float | None = None,
 ):
-    """Load a corpus and normalise it to string columns ``text`` and ``unit_id``.
+    """Load a corpus and normalise it to string columns ``text`` and ``unit_id`` (and
+    ``group`` with a ``group_column``).
 
     Parameters (keyword-only):
         source: ``"clinical"`` for the built-in synthetic clinical notes
@@ -163,12 +176,17 @@ def load_corpus(
             own unit (``unit_id`` = the row index, as a string). For the clinical corpus,
             ``"unit_id"`` protects patients and ``"note_id"`` protects single notes.
         split: the hub split to load (local files always give their single ``train`` split).
-        num_patients, seed: size and seed of the clinical corpus (ignored otherwise).
+        num_patients, seed, hospital, minority_fraction: size, seed, hospital and share of
+            patients with a rare condition of the clinical corpus (ignored otherwise; None:
+            the generator's default); its group column is ``"group"``.
         trust_remote_code: passed to ``datasets`` for hub data sets only when the
             installed version still supports data set scripts.
+        group_column: the column naming each record's group (None: no groups); its values
+            become strings. See :func:`unit_groups`.
 
     Rows whose text is missing or blank are dropped. Raises ``InputError`` for a missing
-    file, an empty data set, or a text or unit column that does not exist.
+    file, an empty data set, a text, unit or group column that does not exist, a record
+    without a group, or a unit whose records name different groups.
     """
     import datasets
 
@@ -178,12 +196,15 @@ def load_corpus(
         raise InputError(f"text_column must be a column name, got {text_column!r}")
     if unit_column is not None and (not isinstance(unit_column, str) or not unit_column):
         raise InputError(f"unit_column must be a column name or None, got {unit_column!r}")
+    if group_column is not None and (not isinstance(group_column, str) or not group_column):
+        raise InputError(f"group_column must be a column name or None, got {group_column!r}")
 
     if source == "clinical":
         from dpaudit.data.clinical import generate_clinical_notes
 
-        ds = generate_clinical_notes(num_patients=num_patients, seed=seed)
-        origin = "the clinical corpus"
+        extra = {} if minority_fraction is None else {"minority_fraction": minority_fraction}
+        ds = generate_clinical_notes(num_patients=num_patients, seed=seed, hospital=hospital, **extra)
+        origin = f"the clinical corpus ({hospital} hospital)"
     else:
         path = Path(source).expanduser()
         if path.exists():
@@ -210,6 +231,11 @@ def load_corpus(
             "(use unit_column=None to make every row its own unit)"
         )
 
+    if group_column is not None and group_column not in columns:
+        raise InputError(
+            f"group column '{group_column}' not found in {origin}; available columns: {', '.join(columns)}"
+        )
+
     texts = ds[text_column][:]  # a list (a lazy Column in datasets >= 4; slicing is fast)
     units = ds[unit_column][:] if unit_column is not None else [str(i) for i in range(len(ds))]
     missing_units = sum(u is None for u in units)
@@ -218,10 +244,32 @@ def load_corpus(
     keep = [i for i, t in enumerate(texts) if t is not None and t.strip()]
     if not keep:
         raise InputError(f"the data set is empty: column '{text_column}' in {origin} holds no non-blank text")
-    features = datasets.Features({"text": datasets.Value("string"), "unit_id": datasets.Value("string")})
-    return datasets.Dataset.from_dict(
-        {"text": [texts[i] for i in keep], "unit_id": [str(units[i]) for i in keep]}, features=features
-    )
+    columns_out = {"text": [texts[i] for i in keep], "unit_id": [str(units[i]) for i in keep]}
+    if group_column is not None:
+        groups = ds[group_column][:]
+        missing = sum(groups[i] is None or str(groups[i]).strip() == "" for i in keep)
+        if missing:
+            raise InputError(f"group column '{group_column}' in {origin} has {missing} missing values: "
+                             "every record belongs to a group")
+        columns_out["group"] = [str(groups[i]) for i in keep]
+        unit_groups(columns_out["unit_id"], columns_out["group"], origin=f"group column '{group_column}' in {origin}")
+    features = datasets.Features({k: datasets.Value("string") for k in columns_out})
+    return datasets.Dataset.from_dict(columns_out, features=features)
+
+
+def unit_groups(units: Sequence[str], groups: Sequence[str], *, origin: str = "the data") -> dict[str, str]:
+    """The group of each unit: ``{unit: group}`` from the records' ``units`` and ``groups``
+    (one of each per record). A unit's group is its records' group; a unit whose records
+    name different groups is an :class:`InputError` that names it and the groups."""
+    if len(units) != len(groups):
+        raise InputError(f"{origin}: {len(units)} units but {len(groups)} groups")
+    out: dict[str, str] = {}
+    for unit, group in zip(units, groups):
+        first = out.setdefault(unit, group)
+        if first != group:
+            raise InputError(f"{origin}: unit {unit!r} has records in group {first!r} and in group {group!r}; "
+                             "a unit belongs to one group")
+    return out
 
 
 def _check_unit_column(dataset) -> None:

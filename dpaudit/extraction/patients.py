@@ -116,5 +116,33 @@ def patient_secrets(model, tokenizer, notes: list[dict], *, max_length: int, bat
             flat = [hit[i] for _, ix in g[role] for i in ix]
             row[f"{role}_extracted"] = float(np.mean(flat)) if flat else None
         rows.append(row)
-    return {"field": PATIENT_FIELD, "method": _PATIENT_METHOD, "max_notes_per_group": max_notes, "groups": rows}
+    out = {"field": PATIENT_FIELD, "method": _PATIENT_METHOD, "max_notes_per_group": max_notes, "groups": rows}
+    if any("group" in notes[i] for i in wanted):
+        out["by_group"] = _by_group(notes, wanted, hit, mean_lp)
+    return out
+
+
+def _by_group(notes: list[dict], wanted: list[int], hit: dict, mean_lp: dict) -> list[dict]:
+    """Per group of people (the records' ``group``) and role, over the notes scored: patients,
+    notes, notes whose MRN greedy decoding reproduces, and the mean per-token log-probability
+    of the MRN (mean over each patient's notes, then over patients): the group's secrets
+    (who pays for the privacy, Bagdasaryan et al. 2019, arXiv 1905.12101)."""
+    by: dict[str, dict[str, dict[str, list[int]]]] = defaultdict(lambda: {"member": defaultdict(list),
+                                                                          "heldout": defaultdict(list)})
+    for i in wanted:
+        n = notes[i]
+        by[str(n.get("group"))][n["role"]][n["patient"]].append(i)
+    rows = []
+    for group in sorted(by):
+        row: dict = {"group": group}
+        for role in ("member", "heldout"):
+            patients = by[group][role]
+            flat = [i for ix in patients.values() for i in ix]
+            row[f"{role}_patients"] = len(patients)
+            row[f"{role}_notes"] = len(flat)
+            row[f"{role}_extracted_notes"] = int(sum(bool(hit[i]) for i in flat))
+            per_patient = [np.mean([mean_lp[i] for i in ix]) for ix in patients.values()]
+            row[f"{role}_mean_logprob"] = float(np.mean(per_patient)) if per_patient else None
+        rows.append(row)
+    return rows
 

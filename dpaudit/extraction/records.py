@@ -81,7 +81,7 @@ def k_extractable_records(model, tokenizer, candidates: list[dict], *, config) -
 def pii_notes(candidates: list[dict], field: str) -> list[dict] | None:
     """The candidate notes that carry a PII ``field`` (a key of :data:`PII_FIELDS`), each
     ``{"role", "patient", "prefix", "target"}`` (``patient`` = the field's value, ``target`` =
-    the whitespace before it and the value), or None when members or held-out records carry
+    the whitespace before it and the value; and the record's ``group`` when it has one), or None when members or held-out records carry
     none; held-out notes whose value also occurs in a member note are left out."""
     regex = PII_FIELDS[field]
     out = []
@@ -89,7 +89,8 @@ def pii_notes(candidates: list[dict], field: str) -> list[dict] | None:
         m = regex.search(row["text"])
         if m is not None and row["role"] in ("member", "heldout"):
             out.append({"role": row["role"], "patient": m.group(2),
-                        "prefix": row["text"][: m.start(1)], "target": row["text"][m.start(1) : m.end(2)]})
+                        "prefix": row["text"][: m.start(1)], "target": row["text"][m.start(1) : m.end(2)],
+                        **({"group": row["group"]} if row.get("group") is not None else {})})
     members = {n["patient"] for n in out if n["role"] == "member"}
     out = [n for n in out if n["role"] == "member" or n["patient"] not in members]
     if not members or all(n["role"] == "member" for n in out):

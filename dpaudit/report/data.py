@@ -5,7 +5,9 @@ by :mod:`dpaudit.stages.report`) and returns a :class:`ReportData`: the JSON-rea
 dict (``report.json``, schema version 2), the score arrays the ROC figure needs, and the
 per-row tables (``tables/*.csv``), which are never inlined in the HTML.
 
-Per model (``report["models"][i]``; see ``MODEL_KEYS``): :func:`dpaudit.report.model.model_entry`.
+Per model (``report["models"][i]``; see ``MODEL_KEYS``): :func:`dpaudit.report.model.model_entry`,
+and its ``groups`` (who pays for the privacy, per group of people): :mod:`dpaudit.report.groups`
+(``tables/groups.csv``).
 
 Run-level ``step_audit``: the white-box audit of one DP-SGD step (``dpaudit validate --step
 --out RUN``, :mod:`dpaudit.stages.validate_step`) when one was run into the directory, else null.
@@ -27,6 +29,7 @@ import numpy as np
 
 from dpaudit.errors import InputError
 from dpaudit.jsonable import jsonable
+from dpaudit.report.groups import GROUP_COLUMNS, group_rows, group_entries
 from dpaudit.report.model import model_entry
 from dpaudit.report.schema import (
     DP_KEYS,
@@ -206,12 +209,22 @@ def assemble(snapshot: RunSnapshot, *, include_texts: bool = False, title: str |
     for model in snapshot.models:
         entry, model_warnings, r, e, p, b = model_entry(model, include_texts=include_texts, repetitions=reps,
                                                         trainable=snapshot.trainable)
+        entry["groups"], group_warnings = group_entries(model, snapshot.records,
+                                                        seed=int((snapshot.config or {}).get("seed") or 0))
+        model_warnings.extend(group_warnings)
         warnings.extend(f"{model.name}: {w}" for w in model_warnings)
         models.append(entry)
         roc[model.name] = r
         ext_rows += e
         patient_rows += p
         bound_rows += b
+    base_groups = None
+    if snapshot.base_nll is not None:  # the base model: the utility gap every fine-tune starts from
+        from dpaudit.report.snapshot import ModelSnapshot
+
+        base_groups, base_warnings = group_entries(ModelSnapshot(name="base", record_nll=snapshot.base_nll),
+                                                   snapshot.records, seed=int((snapshot.config or {}).get("seed") or 0))
+        warnings.extend(f"base: {w}" for w in base_warnings)
     _tpr_warning(models, warnings)
     fleet = _fleet(snapshot.fleet_keep, {a for m in models for a in m["attacks"]}, warnings)
     references = _references(snapshot.audit_inputs, {a for m in models for a in m["attacks"]}, warnings)
@@ -227,6 +240,9 @@ def assemble(snapshot: RunSnapshot, *, include_texts: bool = False, title: str |
         "kind": snapshot.kind,
         "include_texts": include_texts,
         "models": models,
+        # per group, the base model's held-out perplexity (and ratio): what every fine-tune starts from
+        "groups_base": [{k: g[k] for k in ("group", "majority", "heldout_units", "heldout_perplexity",
+                                           "perplexity_ratio")} for g in base_groups] if base_groups else None,
         "fleet": fleet,
         "canaries": canaries,
         "audit_inputs": jsonable(inputs) if inputs is not None else None,
@@ -254,6 +270,7 @@ def _tables(models, canary_rows, ext_rows, patient_rows, bound_rows) -> dict:
     canary_table = [{**c, **by_canary.get(c["id"], {})} for c in canary_rows]
     tables = {
         "models": _columns_rows(_model_rows(models)),
+        "groups": (list(GROUP_COLUMNS), group_rows(models)),
         "attacks": _columns_rows(_attack_rows(models)),
         "bounds": _columns_rows(jsonable(bound_rows)),
         "canaries": _columns_rows(canary_table),
@@ -283,7 +300,7 @@ def _model_rows(models: list[dict]) -> list[dict]:
                      "sample_rate": dp["sample_rate"], "steps": dp["steps"],
                      "epsilon_lower_bound": a["epsilon_lower_bound"], "bound_method": a["method"],
                      "bound_attack": a["attack"], "ceiling": a["ceiling"],
-                     "heldout_perplexity": u["heldout_perplexity"], "learned": u["learned"],
+                     "heldout_perplexity": u["heldout_perplexity"], "learned": u["learned"], "fit_training_rows": u["fit_training_rows"],
                      "verdict": v["status"], "error": m["error"]})
     return rows
 

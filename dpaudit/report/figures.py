@@ -20,7 +20,7 @@ from matplotlib.figure import Figure
 from dpaudit.report.data import withheld_tprs
 from dpaudit.report.schema import RUNG_LABEL, SHOWN_FPRS
 
-__all__ = ["FIGURES", "compliance", "utility", "membership", "extraction", "secrets", "patient_secrets", "roc"]
+__all__ = ["FIGURES", "compliance", "utility", "membership", "extraction", "secrets", "patient_secrets", "groups", "roc"]
 
 GUIDE_FPRS = (0.1, 0.01, 0.001)
 UNIT_MARKERS = {"example": "o", "user": "s"}
@@ -204,7 +204,7 @@ def utility(report: Mapping[str, Any]) -> Figure | None:
         ax.annotate(_label(m["name"]), (x, y), textcoords="offset points", xytext=(6, 4), fontsize=7.5)
     init = [m["utility"]["initial_heldout_perplexity"] for m, _ in pts if m["utility"]["initial_heldout_perplexity"]]
     if init:
-        ax.axhline(np.median(init), color="0.4", ls=":", lw=1.2, label="before fine-tuning (step 0)")
+        ax.axhline(np.median(init), color="0.4", ls=":", lw=1.2, label="base model (before fine-tuning, step 0)")
         ax.legend(fontsize=8)
     axis.apply(ax)
     ax.set_ylabel("held-out perplexity (lower is better)")
@@ -397,6 +397,68 @@ def roc(report: Mapping[str, Any], arrays: Mapping[str, Mapping[str, Mapping[str
     return fig
 
 
+def groups(report: Mapping[str, Any]) -> Figure | None:
+    """Who pays for the privacy (Bagdasaryan et al. 2019, arXiv 1905.12101), against epsilon:
+    each minority group's held-out perplexity over the majority's (one point per model, its
+    bootstrap interval over units), the membership AUC of each group, and each group's share
+    of clipped unit-steps (DP models). Panels without data are left out."""
+    models = [m for m in report["models"] if m.get("groups")]
+    if not models:
+        return None
+    axis = _EpsAxis(models)
+    pts = _points(models, axis)
+    names = sorted({g["group"] for m, _ in pts for g in m["groups"]})
+    majority = next((g["group"] for m, _ in pts for g in m["groups"] if g.get("majority")), None)
+    import matplotlib as mpl
+
+    cmap = mpl.colormaps["tab10"]
+    colors = {n: cmap(i % 10) for i, n in enumerate(names)}
+
+    def series(get):
+        out = {}
+        for n in names:
+            for m, x in sorted(pts, key=lambda t: t[1]):
+                g = next((g for g in m["groups"] if g["group"] == n), None)
+                e = get(g) if g is not None else None
+                if isinstance(e, Mapping) and e.get("value") is not None:
+                    out.setdefault(n, []).append((x, e["value"], e.get("low"), e.get("high"), _marker(m)))
+        return out
+
+    panels = [("held-out perplexity ratio to the majority" + (f" ({_label(majority)})" if majority else ""),
+               series(lambda g: g["perplexity_ratio"]), 1.0),
+              ("membership AUC (members vs. held-out)",
+               series(lambda g: (g["membership"] or {}).get("auc")), 0.5),
+              ("share of clipped unit-steps (DP-SGD)",
+               series(lambda g: (g["clipping"] or {}).get("clipped_share")), None)]
+    panels = [p for p in panels if p[1]]
+    if not panels:
+        return None
+    fig = Figure(figsize=(4.2 * len(panels), 3.4), layout="constrained")
+    for i, (title, data, guide) in enumerate(panels):
+        ax = fig.add_subplot(1, len(panels), i + 1)
+        for n, rows in data.items():
+            xs = [r[0] for r in rows]
+            ys = [r[1] for r in rows]
+            ax.plot(xs, ys, lw=1.0, color=colors[n], label=_label(n))
+            for x, y, lo, hi, mk in rows:
+                if lo is not None and hi is not None:
+                    ax.errorbar(x, y, yerr=[[max(y - lo, 0)], [max(hi - y, 0)]], color=colors[n], capsize=3, lw=1)
+                ax.plot(x, y, marker=mk, ms=6, ls="none", color=colors[n], markeredgecolor="black")
+        if guide is not None:
+            ax.axhline(guide, color="0.6", ls="--", lw=0.8)
+        if i == 0:  # the base model's gap, where every fine-tune starts
+            for g in report.get("groups_base") or []:
+                r = g.get("perplexity_ratio") or {}
+                if r.get("value") is not None and g["group"] in colors:
+                    ax.axhline(r["value"], color=colors[g["group"]], ls=":", lw=1.2,
+                               label=f"base model ({_label(g['group'])})")
+        axis.apply(ax)
+        ax.set_title(title, fontsize=9)
+        ax.grid(True, color="0.92")
+        ax.legend(fontsize=7, title="group", title_fontsize=7)
+    return fig
+
+
 # stem -> drawing function of the report dict; roc also takes the score arrays
 FIGURES = {
     "compliance": compliance,
@@ -405,4 +467,5 @@ FIGURES = {
     "extraction": extraction,
     "secrets": secrets,
     "patient_secrets": patient_secrets,
+    "groups": groups,
 }

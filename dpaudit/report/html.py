@@ -206,6 +206,94 @@ def _units(r, images):
             "has_units": any(m["dp"]["unit"] == "user" for m in dp)}
 
 
+def _interval_text(e: Mapping[str, Any] | None, spec: str = ".2f") -> str:
+    """``value [low, high]`` of an estimate, or its note."""
+    if not isinstance(e, Mapping):
+        return "—"
+    if e.get("value") is None:
+        return e.get("note") or "—"
+    if e.get("low") is None:
+        return _fmt(e["value"], spec)
+    return f"{_fmt(e['value'], spec)} [{_fmt(e['low'], spec)}, {_fmt(e['high'], spec)}]"
+
+
+def _apart(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -> int:
+    """+1 when interval a lies wholly above interval b, -1 below, 0 when they overlap or one
+    is missing."""
+    if not (isinstance(a, Mapping) and isinstance(b, Mapping)) or None in (a.get("low"), b.get("high"),
+                                                                          a.get("high"), b.get("low")):
+        return 0
+    return 1 if a["low"] > b["high"] else -1 if a["high"] < b["low"] else 0
+
+
+def _group_findings(models: list[Mapping[str, Any]], base: list[Mapping[str, Any]] | None = None) -> list[str]:
+    """The sentences of point 4: does the minority's perplexity ratio grow as ε falls, and is
+    the minority clipped more often; the numbers with their intervals. ``base``: the base
+    model's groups (``report["groups_base"]``), the gap every fine-tune starts from."""
+    out = []
+    base_ratio = {g["group"]: g.get("perplexity_ratio") for g in base or []}
+    minorities = sorted({g["group"] for m in models for g in m["groups"] if not g.get("majority")})
+    majority = next((g["group"] for m in models for g in m["groups"] if g.get("majority")), None)
+    dp = sorted([m for m in models if m["privacy"] == "dp" and m["dp"]["epsilon"] is not None],
+                key=lambda m: m["dp"]["epsilon"])
+    nodp = [m for m in models if m["privacy"] == "non_private"]
+    for n in minorities:
+        def ratio(m, n=n):
+            return next((g["perplexity_ratio"] for g in m["groups"] if g["group"] == n), None)
+        points = [(m, ratio(m)) for m in (dp + nodp) if isinstance(ratio(m), Mapping) and ratio(m).get("value")]
+        if len(points) < 2:
+            continue
+        listed = "; ".join(f"{_eps_text(m)}: {_interval_text(r)}" for m, r in points)
+        lowest, loosest = points[0], points[-1]
+        verdict = _apart(lowest[1], loosest[1])
+        said = {1: "grows as ε falls: its interval at the smallest ε lies above the one at the largest",
+                -1: "shrinks as ε falls: its interval at the smallest ε lies below the one at the largest",
+                0: "does not change measurably with ε at this scale: the intervals at the smallest and the largest "
+                   "ε overlap"}[verdict]
+        start = (f" The base model, before fine-tuning: {_interval_text(base_ratio[n])}."
+                 if isinstance(base_ratio.get(n), Mapping) and base_ratio[n].get("value") is not None else "")
+        out.append(f"Perplexity of group {n} over group {majority} ({lowest[1]['confidence']:.0%} intervals over "
+                   f"units), by ε: {listed}. The ratio {said}.{start}")
+        clipped = []
+        for m in dp:
+            g = {x["group"]: x for x in m["groups"]}
+            a, b = (g.get(k, {}).get("clipping") or {} for k in (n, majority))
+            if a.get("clipped_share") and b.get("clipped_share") and a["clipped_share"].get("value") is not None:
+                side = _apart(a["clipped_share"], b["clipped_share"])
+                word = {1: "more often", -1: "less often", 0: "indistinguishably"}[side]
+                clipped.append(f"{_eps_text(m)} ({m['name']}): {_interval_text(a['clipped_share'], '.1%')} against "
+                               f"{_interval_text(b['clipped_share'], '.1%')}, clipped {word}; mean pre-clipping norm "
+                               f"{_interval_text(a.get('mean_norm'), '.2f')} against "
+                               f"{_interval_text(b.get('mean_norm'), '.2f')}")
+        if clipped:
+            out.append(f"Share of group {n}'s sampled unit-steps whose gradient was clipped, against group {majority}'s: "
+                       + "; ".join(clipped) + ".")
+        saturated = [m for m in dp if all(((g.get("clipping") or {}).get("clipped_share") or {}).get("value", 0) >= 0.99
+                                          for g in m["groups"] if g["group"] in (n, majority))
+                     and all(g.get("clipping") for g in m["groups"] if g["group"] in (n, majority))]
+        if saturated:
+            norms = {g["group"]: g["clipping"] for g in saturated[0]["groups"]}
+            out.append(f"At C = {_fmt(norms[n]['max_grad_norm'], '.3g')} every unit-step of both groups was clipped in "
+                       f"{', '.join(m['name'] for m in saturated)}: the clipping rate cannot tell the groups apart there. "
+                       f"What clipping takes from each group is its pre-clipping norm over C: group {n}'s mean norm is "
+                       f"{_interval_text(norms[n].get('mean_norm'), '.2f')} against "
+                       f"{_interval_text(norms[majority].get('mean_norm'), '.2f')}; a larger ratio means its updates are "
+                       f"shrunk more (Bagdasaryan et al. 2019). A larger C, not the share clipped, is the lever that "
+                       f"would show a difference in rate.")
+    return out
+
+
+def _groups(r, images):
+    models = [m for m in r["models"] if m.get("groups")]
+    if not models:
+        return None
+    names = sorted({g["group"] for m in models for g in m["groups"]})
+    return {"image": images.get("groups"), "models": models, "names": names, "eps_text": _eps_text,
+            "interval": _interval_text, "findings": _group_findings(models, r.get("groups_base")),
+            "dp_models": [m for m in models if any(g["clipping"] for g in m["groups"])],
+            "ext_models": [m for m in models if any(g["extraction"] for g in m["groups"])]}
+
+
 def _checklist(r, images):
     return {"models": r["models"], "unit_label": UNIT_LABEL}
 
@@ -255,6 +343,7 @@ SECTIONS: tuple[Section, ...] = (
     Section("membership", _membership),
     Section("extraction", _extraction),
     Section("units", _units),
+    Section("groups", _groups),
     Section("checklist", _checklist),
     Section("roc", _roc),
     Section("estimates", _estimates),

@@ -4,9 +4,12 @@
   epsilon is *recomputed* from the recorded event. No record (a plug-in trainer that wrote
   none, an ``audit-model`` output): privacy "unknown", ``enabled`` null, never "trained
   without DP".
-- ``utility``: held-out perplexity at the last evaluation and at step 0 (before training);
-  ``learned`` = the loss on its training rows went down (null without a step-0 record, and
-  when not every parameter trains: ``model.trainable``).
+- ``utility``: held-out perplexity at the last evaluation and at step 0 (before training: the
+  base model a fine-tune starts from); ``learned`` = the held-out loss went down by at least
+  1% (the fine-tune earned some utility); ``fit_training_rows`` = the loss on its training rows
+  (canaries included) went down, the gate of the verdict (a model that fit nothing memorized
+  nothing); each null without a step-0 record, and when not every parameter trains
+  (``model.trainable``).
 - ``attacks`` (members vs held-out) and ``canary_attacks`` (included vs excluded canaries,
   with their epsilon bounds as written by the attack stage).
 - ``audit`` and ``verdict``: the claim, the ceilings and the verdict as
@@ -108,6 +111,7 @@ def _utility(records: list[dict[str, Any]]) -> dict[str, Any]:
         "initial_train_loss": None,
         "train_eval_loss": None,
         "learned": None,
+        "fit_training_rows": None,
     }
     return out
 
@@ -347,12 +351,15 @@ def model_entry(model: ModelSnapshot, *, include_texts: bool, repetitions: int,
         warn(str(log))
         log = []
     utility = _utility(log)
-    # Learned = fit its training rows (canaries included): a DP fine-tune of a strong public base
-    # may not beat the base on held-out notes, yet learn from its private rows, which is what an
-    # audit of memorization needs.
+    # Learned = better on held-out records than where it started (the base model): the utility
+    # the fine-tune earned, which a loss on its own training rows, dominated by the canaries,
+    # cannot tell (issue 29). Whether it fit its training rows (canaries included) is kept
+    # apart: that is what an audit of memorization needs, and what the verdict's gate reads.
     utility["initial_train_loss"], utility["train_eval_loss"] = fit_from_log(log)
-    utility["learned"] = learned(initial_loss=utility["initial_train_loss"], final_loss=utility["train_eval_loss"],
+    utility["learned"] = learned(initial_loss=utility["initial_heldout_loss"], final_loss=utility["heldout_loss"],
                                  trainable=trainable)
+    utility["fit_training_rows"] = learned(initial_loss=utility["initial_train_loss"],
+                                           final_loss=utility["train_eval_loss"], trainable=trainable)
     checks = _train_checks(model.checks, warn)
     attacks, canary_attacks, bounds, roc = _attacks(model.results, warn)
     claim, group_note = _claim(privacy, dp, record, repetitions)
@@ -373,7 +380,7 @@ def model_entry(model: ModelSnapshot, *, include_texts: bool, repetitions: int,
     pairs, remedy = _with_rungs(bounds, rungs)
     found = ceilings(pairs, claim=claim, warn=warn)
     ceiling = max(found.values(), default=None)
-    verdict = assess(bounds=pairs, claim=claim, learned=utility["learned"], ceiling=ceiling, checks=raw_checks,
+    verdict = assess(bounds=pairs, claim=claim, learned=utility["fit_training_rows"], ceiling=ceiling, checks=raw_checks,
                      record=record, remedy=remedy)
     if not pairs and error is None and privacy != "unknown":
         warn("no canary bounds (results/*.json has no canaries split): the DP claim could not be tested")

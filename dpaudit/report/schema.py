@@ -30,6 +30,6 @@ UNIT_LABEL = {"example": "note-level", "user": "patient-level"}
 RUNG_LABEL = {"released": "released", "input_space": "input-space", "white_box": "white-box"}
 
 MODEL_KEYS = ("name", "error", "privacy", "dp", "utility", "train_checks", "attacks", "canary_attacks",
-              "audit", "rungs", "extraction", "verdict", "multi_run", "warnings")
+              "audit", "rungs", "extraction", "verdict", "multi_run", "groups", "warnings")
 DP_KEYS = ("enabled", "noise_multiplier", "sample_rate", "steps", "max_grad_norm", "unit", "delta", "epsilon",
            "accountant", "expected_batch_size", "num_units", "trainer")

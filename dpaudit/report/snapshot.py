@@ -29,7 +29,8 @@ class ModelSnapshot:
     attack to ``{"params", "splits", "arrays"}``; ``lr_factors`` is the learning-rate schedule
     of the toolkit's own loop (None for a plug-in trainer, whose schedule is unknown);
     ``ladder`` its threat-model ladder, a list of :class:`~dpaudit.audit.ladder.Rung` (None:
-    the ladder was not run for it)."""
+    the ladder was not run for it); ``record_nll`` and ``unit_clipping`` feed its groups
+    (:mod:`dpaudit.report.groups`)."""
 
     name: str
     exists: bool = True
@@ -42,6 +43,11 @@ class ModelSnapshot:
     multi_run: dict | Unreadable | None = None
     lr_factors: tuple[float, ...] | None = None
     ladder: list | Unreadable | None = None
+    # per candidate record (the attacks' order): (negative log-likelihood summed over its
+    # scored tokens, the number of those tokens) under the model; None: not scored yet
+    record_nll: tuple | Unreadable | None = None
+    # who was clipped in its DP run (:class:`~dpaudit.audit.groups.UnitClipping`); None: unknown
+    unit_clipping: Any = None
 
 
 @dataclass(frozen=True)
@@ -62,3 +68,9 @@ class RunSnapshot:
     manifest: dict | Unreadable | None = None
     audit_inputs: dict | None = None
     step_audit: dict | Unreadable | None = None
+    # the candidate records in the attacks' order, each {"unit_id", "role", "group"} (no text);
+    # None: a corpus without groups
+    records: tuple | None = None
+    # the base model's (the fine-tunes' start) per-record NLL and tokens, when the attack stage
+    # scored it (signals/base.npz); None otherwise
+    base_nll: tuple | Unreadable | None = None

@@ -22,6 +22,7 @@ from typing import Any
 
 from dpaudit.accounting import DpRecord
 from dpaudit.audit.gradient_canaries import GradientCanaryRecord
+from dpaudit.audit.groups import UnitClipping
 from dpaudit.audit.ladder import Rung
 from dpaudit.errors import InputError
 from dpaudit.rundir import (
@@ -30,6 +31,7 @@ from dpaudit.rundir import (
     SCHEMA_VERSION,
     TRAIN_CHECKS,
     TRAIN_LOG,
+    UNIT_CLIPPING,
     ModelDir,
     RunDir,
     read_json,
@@ -62,8 +64,8 @@ def write_dp_record(directory: str | Path, record: DpRecord) -> None:
 
 def write_training(directory: str | Path, record) -> None:
     """A :class:`~dpaudit.train.TrainingRecord` into a model's directory: ``train_log.jsonl``,
-    ``train_checks.json``, ``gradient_canaries.npz`` and ``dp_event.json``, each when the
-    trainer filled it."""
+    ``train_checks.json``, ``gradient_canaries.npz``, ``unit_clipping.npz`` and ``dp_event.json``,
+    each when the trainer filled it."""
     directory = Path(directory)
     if record.log:
         write_jsonl_atomic(directory / TRAIN_LOG, record.log)
@@ -71,6 +73,8 @@ def write_training(directory: str | Path, record) -> None:
         write_json_atomic(directory / TRAIN_CHECKS, record.checks)
     if record.gradient_canaries is not None:
         write_npz_atomic(directory / GRADIENT_CANARIES, **record.gradient_canaries.to_arrays())
+    if getattr(record, "unit_clipping", None) is not None:
+        write_npz_atomic(directory / UNIT_CLIPPING, **record.unit_clipping.to_arrays())
     if record.dp is not None:
         write_dp_record(directory, record.dp)
 
@@ -113,6 +117,22 @@ def read_gradient_canaries(model_dir: ModelDir | str | Path) -> GradientCanaryRe
     try:
         with np.load(path, allow_pickle=False) as arrays:
             return GradientCanaryRecord.from_arrays(dict(arrays))
+    except (OSError, ValueError, InputError) as err:
+        raise InputError(f"{path}: {err}") from None
+
+
+def read_unit_clipping(model_dir: ModelDir | str | Path) -> UnitClipping | None:
+    """Who was clipped in the model's DP run (``unit_clipping.npz``), or None when its trainer
+    did not record it (a non-private or third-party trainer: unknown). A malformed file is an
+    :class:`InputError`."""
+    import numpy as np
+
+    path = Path(model_dir.root if isinstance(model_dir, ModelDir) else model_dir) / UNIT_CLIPPING
+    if not path.is_file():
+        return None
+    try:
+        with np.load(path, allow_pickle=False) as arrays:
+            return UnitClipping.from_arrays(dict(arrays))
     except (OSError, ValueError, InputError) as err:
         raise InputError(f"{path}: {err}") from None
 

@@ -1,10 +1,12 @@
 """Prepare stage: corpus -> public / member / held-out split by unit -> canaries ->
 tokenizer, written once as ``data/``; every later stage reads the data back from there.
 
-The public units (``data.public_fraction``) are disjoint from every private one: the
-tokenizer is trained on them (not on private text) and so is the base model. The private
-units are split into members and held-out records; each canary goes in with probability
-``canaries.inclusion_prob`` (DESIGN.md, section 2).
+The public units are disjoint from every private one: a fraction of the corpus's units
+(``data.public_fraction``), or a corpus of their own (``data.public``: another hospital, a
+public corpus). The tokenizer is trained on them (not on private text) and so is the base
+model. The private units are split into members and held-out records; each canary goes in
+with probability ``canaries.inclusion_prob`` (DESIGN.md, section 2). With ``data.group_column``
+every candidate record carries its unit's ``group``.
 """
 
 from __future__ import annotations
@@ -45,6 +47,13 @@ class PreparedData:
     secrets: list = field(default_factory=list)
 
 
+def group_column(config: Config) -> str | None:
+    """The column naming each record's group: ``data.group_column``, or the built-in clinical
+    corpus's own ``"group"`` (common / rare conditions)."""
+    d = config.data
+    return d.group_column if d.group_column is not None else ("group" if d.source == "clinical" else None)
+
+
 def prepare(rundir: RunDir, config: Config, seeds: dict[str, int]) -> None:
     """Write ``data/`` unless it is already in place."""
     if rundir.data_complete():
@@ -56,13 +65,20 @@ def prepare(rundir: RunDir, config: Config, seeds: dict[str, int]) -> None:
 
     d = config.data
     corpus = load_corpus(source=d.source, text_column=d.text_column, unit_column=d.unit_column, split=d.split,
-                         num_patients=d.num_patients, seed=seeds["corpus"],
+                         num_patients=d.num_patients, seed=seeds["corpus"], hospital=d.hospital,
+                         minority_fraction=d.minority_fraction, group_column=group_column(config),
                          trust_remote_code=config.model.trust_remote_code)
     if any(config.for_model(n).train.dp.unit == "user" for n in config.model_names()) and d.unit_column is None:
         raise InputError("train.dp.unit is 'user' but data.unit_column is not set: users need a unit column")
     public = None
+    tokenizer_path = config.tokenizer.path or config.model.base_model
     if d.public_fraction > 0:
         corpus, public, _ = split_by_unit(corpus, holdout_fraction=d.public_fraction, seed=seeds["public"])
+    elif d.public is not None and (config.trains_base() or not tokenizer_path):  # loaded only where it is used
+        p = d.public
+        public = load_corpus(source=p.source, text_column=p.text_column, unit_column=p.unit_column, split=p.split,
+                             num_patients=p.num_patients, seed=seeds["public"], hospital=p.hospital,
+                             minority_fraction=d.minority_fraction, trust_remote_code=config.model.trust_remote_code)
     members, heldout, split = split_by_unit(corpus, holdout_fraction=d.holdout_fraction, seed=seeds["split"])
     if len(members) == 0 or len(heldout) == 0:
         raise InputError(f"the corpus has too few units ({len(corpus)} rows) to split into members and held-out records")
@@ -82,7 +98,6 @@ def prepare(rundir: RunDir, config: Config, seeds: dict[str, int]) -> None:
     trust = config.model.trust_remote_code
     if config.model.base_model:
         load_model_config(config.model.base_model, trust_remote_code=trust)  # fail early on a non-model
-    tokenizer_path = config.tokenizer.path or config.model.base_model
     if tokenizer_path:
         tokenizer = load_tokenizer(tokenizer_path, trust_remote_code=trust)
     else:  # trained on public text where there is some: private text never shapes the vocabulary then
@@ -94,7 +109,8 @@ def prepare(rundir: RunDir, config: Config, seeds: dict[str, int]) -> None:
 
     secrets, secret_spec = make_secret_canaries(config, seed=seeds["canaries"], main_set=spec["name"])
 
-    candidates = [{"text": r["text"], "unit_id": r["unit_id"], "role": role}
+    grouped = "group" in corpus.column_names
+    candidates = [{"text": r["text"], "unit_id": r["unit_id"], "role": role, **({"group": r["group"]} if grouped else {})}
                   for role, rows in (("member", members), ("heldout", heldout)) for r in rows]
     public_rows = [{"text": r["text"], "unit_id": r["unit_id"]} for r in public] if public is not None else []
     with staged_directory(rundir.data_dir) as stage:

@@ -26,7 +26,7 @@ from dpaudit.errors import InputError
 from dpaudit.report.snapshot import ModelSnapshot, RunSnapshot, Unreadable
 from dpaudit.rundir import ModelDir, RunDir, write_text_atomic
 from dpaudit.version import __version__
-from dpaudit.stages.artifacts import read_dp_record, read_ladder
+from dpaudit.stages.artifacts import read_dp_record, read_ladder, read_unit_clipping
 
 __all__ = ["build_report", "read_snapshot"]
 
@@ -39,7 +39,31 @@ def _read(reader, *args):
         return Unreadable(str(err))
 
 
-def _model_snapshot(md: ModelDir, config) -> ModelSnapshot:
+def _record_nll(md: ModelDir | Path, num_records: int, name: str = "target"):
+    """(NLL sum, scored tokens) of the first ``num_records`` texts the attack stage scored with
+    the model (its cached signals ``name``: the candidates, then the canaries), or None."""
+    from dpaudit.stages.signal_cache import load_signals
+
+    path = (md.root if isinstance(md, ModelDir) else Path(md)) / "signals" / f"{name}.npz"
+    if not num_records or not path.is_file():
+        return None
+    signals = load_signals(path)
+    if signals.n < num_records:
+        raise InputError(f"{path}: {signals.n} texts scored, the run has {num_records} candidate records")
+    return -signals.sum_logprob()[:num_records], signals.token_count()[:num_records].astype(float)
+
+
+def _records(rundir: RunDir) -> tuple | None:
+    """The candidates' unit, role and group, in the attacks' order; None without groups."""
+    if not (rundir.data_dir / "candidates.jsonl").is_file():
+        return None
+    rows = rundir.read_candidates()
+    if not rows or any("group" not in r for r in rows):
+        return None
+    return tuple({"unit_id": r["unit_id"], "role": r["role"], "group": r["group"]} for r in rows)
+
+
+def _model_snapshot(md: ModelDir, config, records: tuple | None = None) -> ModelSnapshot:
     record = _read(read_dp_record, md)
     lr_factors = None
     if config is not None and not isinstance(record, Unreadable) and record is not None and record.private \
@@ -53,7 +77,9 @@ def _model_snapshot(md: ModelDir, config) -> ModelSnapshot:
         name=md.name, exists=md.root.is_dir(), error=_read(md.read_error), record=record,
         log=_read(md.read_train_log), checks=_read(md.read_train_checks),
         results=_read(md.read_results) if md.results_dir.is_dir() else {}, extraction=_read(md.read_extraction),
-        multi_run=_read(md.read_multi_run), lr_factors=lr_factors, ladder=_read(read_ladder, md))
+        multi_run=_read(md.read_multi_run), lr_factors=lr_factors, ladder=_read(read_ladder, md),
+        record_nll=_read(_record_nll, md, len(records)) if records else None,
+        unit_clipping=_read(read_unit_clipping, md) if records else None)
 
 
 def read_snapshot(rundir: RunDir) -> RunSnapshot:
@@ -74,9 +100,11 @@ def read_snapshot(rundir: RunDir) -> RunSnapshot:
         raise InputError(f"nothing to report in {rundir.root}: no models")
     fleet = _read(load_fleet, rundir.fleet_dir) if rundir.has_fleet() else None
     canaries = _read(rundir.read_canary_file) if (rundir.data_dir / "canaries.json").is_file() else None
+    records = _records(rundir) if kind == "run" else None
     return RunSnapshot(
         name=rundir.root.resolve().name, kind=kind, names=tuple(names),
-        models=tuple(_model_snapshot(rundir.model(n), config) for n in names),
+        models=tuple(_model_snapshot(rundir.model(n), config, records) for n in names), records=records,
+        base_nll=_read(_record_nll, rundir.root, len(records), "base") if records else None,
         extra=tuple(n for n in rundir.model_names() if n not in names),
         config=config.to_dict() if config is not None else None,
         trainable=config.model.trainable if config is not None else "all",

@@ -147,8 +147,19 @@ class StepStats:
     num_examples: int = 0
     losses: list[float] = field(default_factory=list)
     unit_norms: list[float] = field(default_factory=list)  # before clipping (DP engines)
+    # the unit (its index in the step's ``units``) of each entry of ``unit_norms``: who was clipped
+    unit_index: list[int] = field(default_factory=list)
     nonfinite_units: int = 0
     clipped_units: int = 0
+
+    def merge(self, part: StepStats, units: Sequence[int]) -> None:
+        """Add ``part``, the statistics of a sub-batch whose unit ``j`` is ``units[j]`` here."""
+        self.num_examples += part.num_examples
+        self.losses += part.losses
+        self.unit_norms += part.unit_norms
+        self.unit_index += [units[j] for j in part.unit_index]
+        self.nonfinite_units += part.nonfinite_units
+        self.clipped_units += part.clipped_units
 
 
 # --------------------------------------------------------------------------- engines
@@ -354,8 +365,10 @@ class DPSGDEngine(GradientEngine):
     def clip_factors(self, norms: Tensor) -> Tensor:
         return (self.max_grad_norm / (norms + CLIP_EPS)).clamp(max=1.0)
 
-    def clipped_sum(self, unit_grads: dict[str, Tensor], total: dict[str, Tensor], stats: StepStats) -> None:
-        """Clip each row of ``unit_grads`` (one row per complete unit) and add to ``total``."""
+    def clipped_sum(self, unit_grads: dict[str, Tensor], total: dict[str, Tensor], stats: StepStats,
+                    units: Sequence[int] | None = None) -> None:
+        """Clip each row of ``unit_grads`` (one row per complete unit, row j the step's unit
+        ``units[j]``) and add to ``total``."""
         first = next(iter(unit_grads.values()))
         if first.shape[0] == 0:
             return
@@ -366,12 +379,19 @@ class DPSGDEngine(GradientEngine):
         factors = self.clip_factors(norms)
         for name, g in unit_grads.items():
             total[name] += torch.einsum("k,k...->...", factors, g)
-        self.record_norms(norms, stats)
+        self.record_norms(norms, stats, units)
 
-    def record_norms(self, norms: Tensor, stats: StepStats) -> None:
-        """Add the units' gradient norms (before clipping) to the step's statistics."""
+    def record_norms(self, norms: Tensor, stats: StepStats, units: Sequence[int] | None = None) -> None:
+        """Add the units' gradient norms (before clipping) to the step's statistics; norm j is
+        of the step's unit ``units[j]``. Without ``units`` (an engine that does not say whose
+        norm is whose) the step's per-unit record is unknown: ``unit_index`` stops matching
+        ``unit_norms`` and the loop records no per-unit clipping for the run."""
         norms_list = norms.cpu().tolist()
+        if units is not None and len(units) != len(norms_list):
+            raise ValueError(f"{len(norms_list)} unit norms for {len(units)} units")
         stats.unit_norms.extend(norms_list)
+        if units is not None:
+            stats.unit_index.extend(int(u) for u in units)
         stats.nonfinite_units += sum(1 for n in norms_list if not math.isfinite(n))
         stats.clipped_units += sum(1 for n in norms_list if n + CLIP_EPS > self.max_grad_norm)
 
@@ -379,8 +399,9 @@ class DPSGDEngine(GradientEngine):
         return self._summed(units, self.clipped_sum)
 
     def _summed(self, units, accumulate) -> tuple[dict[str, Tensor], StepStats]:
-        """Per-unit gradients (sum over a unit's examples) handed to ``accumulate`` in
-        chunks of complete units; memory stays at O(micro-batch x parameters) because a
+        """Per-unit gradients (sum over a unit's examples) handed to ``accumulate(unit_grads,
+        total, stats, units)`` in chunks of complete units (row j of ``unit_grads`` is the
+        step's unit ``units[j]``); memory stays at O(micro-batch x parameters) because a
         unit that spans two micro-batches is carried over, never all units at once."""
         stats = StepStats(num_units=len(units))
         total = self.zeros()
@@ -399,6 +420,7 @@ class DPSGDEngine(GradientEngine):
             grads, losses = self.per_example_gradients(batch)
             stats.losses.extend(losses.cpu().tolist())
             tags = [u for u, _ in chunk]
+            here = list(dict.fromkeys(tags))  # the units of unit_grads' rows, in order
             if len(set(tags)) == len(tags):
                 unit_grads = grads
             else:
@@ -417,7 +439,8 @@ class DPSGDEngine(GradientEngine):
             if following is not None and following == tags[-1]:  # the last unit goes on
                 carry = {name: g[-1].clone() for name, g in unit_grads.items()}
                 unit_grads = {name: g[:-1] for name, g in unit_grads.items()}
-            accumulate(unit_grads, total, stats)
+                here = here[:-1]
+            accumulate(unit_grads, total, stats, here)
         return total, stats
 
     # -- noise --------------------------------------------------------------------

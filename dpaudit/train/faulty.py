@@ -83,7 +83,7 @@ class UnscaledNoiseEngine(DPSGDEngine):
 
 class BatchClippingEngine(DPSGDEngine):
     def summed_gradients(self, units):
-        def add_unclipped(unit_grads, total, stats):
+        def add_unclipped(unit_grads, total, stats, units):
             if next(iter(unit_grads.values())).shape[0] == 0:
                 return
             for name, g in unit_grads.items():
@@ -91,6 +91,7 @@ class BatchClippingEngine(DPSGDEngine):
             stats.unit_norms.extend(
                 torch.stack([g.reshape(g.shape[0], -1).pow(2).sum(1) for g in unit_grads.values()]).sum(0).sqrt().tolist()
             )
+            stats.unit_index.extend(units)
 
         total, stats = self._summed(units, add_unclipped)
         norm = torch.sqrt(sum(g.pow(2).sum() for g in total.values()))
@@ -129,7 +130,8 @@ class NoisyMicrostepsEngine(DPSGDEngine):
             noisy = self.add_noise(partial, generator)  # the bug: noise per micro-step
             for name in total:
                 total[name] += noisy[name]
-            _merge_stats(stats, part)
+            stats.num_units += part.num_units
+            stats.merge(part, range(lo, hi))
         if self.canaries is not None:
             block = self.canaries.block(device=self.device)
             source = self.canaries.noise_source(generator)
@@ -141,15 +143,6 @@ class NoisyMicrostepsEngine(DPSGDEngine):
         for name, p in self.params.items():
             p.grad = update[name].to(p.dtype)
         return stats
-
-
-def _merge_stats(into: StepStats, part: StepStats) -> None:
-    into.num_units += part.num_units
-    into.num_examples += part.num_examples
-    into.losses.extend(part.losses)
-    into.unit_norms.extend(part.unit_norms)
-    into.nonfinite_units += part.nonfinite_units
-    into.clipped_units += part.clipped_units
 
 
 class NonfinitePassthroughEngine(DPSGDEngine):
@@ -192,12 +185,12 @@ class UnclippedParamsEngine(DPSGDEngine):
         return name.endswith("bias")
 
     def summed_gradients(self, units):
-        def accumulate(unit_grads, total, stats):
+        def accumulate(unit_grads, total, stats, units):
             if next(iter(unit_grads.values())).shape[0] == 0:
                 return
             for name in self.unclipped:
                 total[name] += unit_grads[name].sum(0)
-            self.clipped_sum({n: g for n, g in unit_grads.items() if n not in self.unclipped}, total, stats)
+            self.clipped_sum({n: g for n, g in unit_grads.items() if n not in self.unclipped}, total, stats, units)
 
         return self._summed(units, accumulate)
 

@@ -292,28 +292,26 @@ class GhostClippingEngine(DPSGDEngine):
         big = [u for u in range(len(units)) if len(units[u]) > self.microbatch_size]
         # pack whole units into micro-batches, longest first (less padding)
         order = sorted(fits, key=lambda u: max(len(s) for s in units[u]), reverse=True)
-        chunk: list[list[Tensor]] = []
+        chunk: list[int] = []
         rows = 0
         for u in order:
             if rows + len(units[u]) > self.microbatch_size:
-                self._microbatch(chunk, total, stats)
+                self._microbatch(units, chunk, total, stats)
                 chunk, rows = [], 0
-            chunk.append(sorted(units[u], key=len, reverse=True))
+            chunk.append(u)
             rows += len(units[u])
         if chunk:
-            self._microbatch(chunk, total, stats)
+            self._microbatch(units, chunk, total, stats)
         if big:  # users with more rows than a micro-batch: the materializing path
             part, part_stats = self._summed([units[u] for u in big], self.clipped_sum)
             for name in total:
                 total[name] += part[name]
-            stats.num_examples += part_stats.num_examples
-            stats.losses += part_stats.losses
-            stats.unit_norms += part_stats.unit_norms
-            stats.nonfinite_units += part_stats.nonfinite_units
-            stats.clipped_units += part_stats.clipped_units
+            stats.merge(part_stats, big)
         return total, stats
 
-    def _microbatch(self, chunk: list[list[Tensor]], total: dict[str, Tensor], stats: StepStats) -> None:
+    def _microbatch(self, units, which: list[int], total: dict[str, Tensor], stats: StepStats) -> None:
+        """The clipped sum of the step's units ``which`` (whole units, one micro-batch)."""
+        chunk = [sorted(units[u], key=len, reverse=True) for u in which]
         sequences = [seq for unit in chunk for seq in unit]
         stats.num_examples += len(sequences)
         batch = collate(sequences, pad_id=self.pad_id, device=self.device)
@@ -329,7 +327,7 @@ class GhostClippingEngine(DPSGDEngine):
             row_clip = clip[layout.row_unit]
             for name, parts in factors.items():
                 total[name] += self._clipped_factor_sum(parts, row_clip, self.params[name].shape)
-        self.record_norms(norms, stats)
+        self.record_norms(norms, stats, which)
 
     # -- forward and backward with hooks ------------------------------------------------
 

@@ -34,6 +34,11 @@ What it reports (when the caller passes a :class:`~dpaudit.train.record.Training
   :class:`~dpaudit.audit.gradient_canaries.GradientCanaryRecord` of M white-box canaries
   added to every step's clipped sum (:mod:`dpaudit.train.gradient_canaries`); the model
   then carries :data:`~dpaudit.train.plan.GRADIENT_CANARY_WARNING` in its config.json.
+- ``unit_clipping``: for DP engines, the :class:`~dpaudit.audit.groups.UnitClipping` of the
+  run: per protected unit, how often it was sampled, how often its pre-clipping gradient norm
+  exceeded the bound, and the sum of those norms (who pays for the privacy, Bagdasaryan et al.
+  2019, arXiv 1905.12101); None when the engine does not say whose norm is whose. Like the log,
+  it is NOT privatised: it is for the operator and the report.
 - ``checkpoint(step, model, tokenizer)`` is called every ``checkpoint_every`` steps.
 
 Noise nobody can replay. DP training is in secure mode by default (``train.dp.reproducible:
@@ -60,6 +65,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from dpaudit.config import Config, TrainConfig, load_config, validate
@@ -67,7 +73,7 @@ from dpaudit.devices import resolve_device
 from dpaudit.errors import InputError
 from dpaudit.progress import Progress
 from dpaudit.train import checks
-from dpaudit.train.engine import DPSGDEngine, GradientEngine, NonPrivateEngine
+from dpaudit.train.engine import CLIP_EPS, DPSGDEngine, GradientEngine, NonPrivateEngine
 from dpaudit.train.evaluate import evaluate
 from dpaudit.train.ghost import choose_engine
 from dpaudit.train.gradient_canaries import GradientCanaries
@@ -186,6 +192,7 @@ class _Loop:
     record: TrainingRecord | None
     batch_sizes: list[int] = field(default_factory=list)
     nonfinite: dict[str, int] = field(default_factory=lambda: {"updates": 0, "unit_gradients": 0, "losses": 0})
+    unit_tally: _UnitTally | None = None
 
     def run(self) -> None:
         # train.dp.engine: ghost clipping or the vmap engine, for the plain DP-SGD engine only
@@ -239,6 +246,8 @@ class _Loop:
                 max_grad_norm=self.plan.max_grad_norm, rng=OSRandom() if secure else self.seeds.canary_generator(),
                 noise_generator=None if secure else self.seeds.canary_noise_generator(self.device))
             engine.attach_canaries(canaries)
+        if engine.private and self.record is not None:
+            self.unit_tally = _UnitTally(self.data.num_units)
         started = time.perf_counter()
         bar = Progress(total=self.steps, desc="train")
         try:
@@ -252,6 +261,8 @@ class _Loop:
                 stats = engine.step([[self.data.sequences[r] for r in self.data.units[u]] for u in chosen],
                                     noise_generator)
                 self._check_finite(step, stats, params)
+                if engine.private and self.unit_tally is not None:
+                    self.unit_tally.add(chosen, stats, max_grad_norm=engine.max_grad_norm)
                 optimizer.step()
                 scheduler.step()
                 optimizer.zero_grad(set_to_none=True)
@@ -266,6 +277,8 @@ class _Loop:
         if self.record is not None:
             self._finish(before, params, secure)
             self.record.gradient_canaries = canaries.result() if canaries is not None else None
+            if self.unit_tally is not None:
+                self.record.unit_clipping = self.unit_tally.result(self.data, max_grad_norm=self.plan.max_grad_norm)
 
     def _check_finite(self, step: int, stats, params) -> None:
         bad = sum(1 for x in stats.losses if not math.isfinite(x))
@@ -317,6 +330,43 @@ class _Loop:
                                    num_units=self.data.num_units, steps=self.steps,
                                    batch_size=self.train.batch_size, noise=self.noise,
                                    gradient_canaries=self.train.dp.gradient_canaries if self.plan else 0)
+
+
+class _UnitTally:
+    """Per protected unit of a DP run: steps sampled, steps clipped, the sum of its
+    pre-clipping norms. A step whose engine did not say whose norm is whose (``unit_index``
+    not one per norm) makes the whole tally unknown."""
+
+    def __init__(self, num_units: int):
+        self.sampled = np.zeros(num_units, dtype=np.int64)
+        self.clipped = np.zeros(num_units, dtype=np.int64)
+        self.norm_sum = np.zeros(num_units, dtype=np.float64)
+        self.known = True
+
+    def add(self, chosen, stats, *, max_grad_norm: float) -> None:
+        if not self.known:
+            return
+        if len(stats.unit_index) != len(stats.unit_norms):
+            self.known = False
+            return
+        chosen = np.asarray(chosen, dtype=np.int64)
+        self.sampled[chosen] += 1
+        if not stats.unit_norms:
+            return
+        who = chosen[np.asarray(stats.unit_index, dtype=np.int64)]
+        norms = np.asarray(stats.unit_norms, dtype=np.float64)
+        finite = np.isfinite(norms)
+        np.add.at(self.norm_sum, who[finite], norms[finite])
+        np.add.at(self.clipped, who, (~finite) | (norms + CLIP_EPS > max_grad_norm))
+
+    def result(self, data: TrainingData, *, max_grad_norm: float):
+        from dpaudit.audit.groups import UnitClipping
+
+        if not self.known:
+            return None
+        ids = data.unit_ids if data.unit_ids is not None else [str(u) for u in range(data.num_units)]
+        return UnitClipping(unit_ids=np.asarray(ids, dtype=str), sampled=self.sampled, clipped=self.clipped,
+                            norm_sum=self.norm_sum, max_grad_norm=max_grad_norm)
 
 
 # --------------------------------------------------------------------------- trainers

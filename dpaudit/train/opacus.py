@@ -71,7 +71,8 @@ class OpacusEngine(GradientEngine):
         if any(len(unit) != 1 for unit in units):
             raise InputError("the Opacus trainer supports train.dp.unit: example only")
         stats = StepStats(num_units=len(units), num_examples=len(units))
-        sequences = sorted((unit[0] for unit in units), key=len, reverse=True)
+        order = sorted(range(len(units)), key=lambda u: len(units[u][0]), reverse=True)
+        sequences = [units[u][0] for u in order]
         for p in self.params.values():
             p.grad, p.grad_sample, p.summed_grad = None, None, None
         if not sequences:  # an empty Poisson batch: noise only
@@ -94,6 +95,7 @@ class OpacusEngine(GradientEngine):
             norms = torch.stack([g.reshape(len(g), -1).norm(2, dim=-1) for g in flat], dim=1).norm(2, dim=1)
             norms_list = norms.cpu().tolist()
             stats.unit_norms = norms_list
+            stats.unit_index = order  # the per-sample rows come in the order of ``sequences``
             stats.nonfinite_units = sum(1 for n in norms_list if n != n or n in (float("inf"), float("-inf")))
             stats.clipped_units = sum(1 for n in norms_list if n + 1e-6 > self.max_grad_norm)
         # Opacus's pre_step in its parts: clip and sum (p.summed_grad), the noise (p.grad); the canaries after

@@ -2,7 +2,8 @@
 
 A trainer plug-in that accepts the keyword ``record`` is given a :class:`TrainingRecord` and
 fills it as it trains; the train stage then writes it into the model's directory
-(``train_log.jsonl``, ``dp_event.json``, ``train_checks.json``, ``gradient_canaries.npz``).
+(``train_log.jsonl``, ``dp_event.json``, ``train_checks.json``, ``gradient_canaries.npz``,
+``unit_clipping.npz``).
 The toolkit's own trainers fill every field; a third-party trainer may fill what it knows
 (its :class:`~dpaudit.accounting.DpRecord` above all) and leave the rest empty.
 """
@@ -15,6 +16,7 @@ from typing import Any
 
 from dpaudit.accounting import DpRecord
 from dpaudit.audit.gradient_canaries import GradientCanaryRecord
+from dpaudit.audit.groups import UnitClipping
 
 
 @dataclass
@@ -30,3 +32,5 @@ class TrainingRecord:
     checks: dict[str, Any] | None = None
     checkpoint: Callable[[int, Any, Any], None] | None = None
     gradient_canaries: GradientCanaryRecord | None = None
+    # per protected unit: sampled, clipped, pre-clipping norms (DP engines; None: unknown)
+    unit_clipping: UnitClipping | None = None

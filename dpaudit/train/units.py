@@ -17,6 +17,8 @@ class TrainingData:
     sequences: list[torch.Tensor]
     units: list[list[int]]
     unit: str  # "example" | "user"
+    # the ``unit_id`` of each unit's first row (None: the data set has no unit_id column)
+    unit_ids: list[str] | None = None
 
     @property
     def num_units(self) -> int:
@@ -63,4 +65,9 @@ def load_data(dataset, *, unit: str, max_length: int, pad_id: int) -> TrainingDa
     if len(dataset) == 0:
         raise InputError("the training dataset is empty")
     sequences = prepare_sequences(dataset, max_length=max_length, pad_id=pad_id)
-    return TrainingData(sequences=sequences, units=group_units(dataset, unit), unit=unit)
+    units = group_units(dataset, unit)
+    ids = None
+    if "unit_id" in dataset.column_names:
+        column = dataset.with_format(None)["unit_id"][:]
+        ids = [str(column[rows[0]]) for rows in units]
+    return TrainingData(sequences=sequences, units=units, unit=unit, unit_ids=ids)

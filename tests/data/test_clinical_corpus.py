@@ -36,7 +36,7 @@ def _digest(ds) -> str:
 
 
 def test_columns_and_types(notes):
-    assert notes.column_names == ["text", "unit_id", "note_id", "note_type"]
+    assert notes.column_names == ["text", "unit_id", "note_id", "note_type", "hospital", "group"]
     for col in notes.column_names:
         assert notes.features[col].dtype == "string"
     assert set(notes["note_type"]) == {"discharge_summary", "progress_note"}
@@ -129,7 +129,32 @@ def test_bad_input():
 # sha256 (as _digest) of generate_clinical_notes(num_patients=20, seed=0). It changes when
 # the vocabulary files or the generator change; update it only for an intended change of
 # the corpus (the corpus seeds the runs, so earlier results would no longer reproduce).
-PINNED_20_SEED0 = "00259a9a5b397de876633d230409af26de7d7a392680719156dc0859ff1a72c2"
+# Changed on purpose for issue 29: the columns hospital and group, and the rare-condition
+# minority (its patients only; every other note is unchanged).
+PINNED_20_SEED0 = "f5e30dc13f189713dd9fed5910f650a345c3057506faf38422cb3ecba92d6879"
+
+
+def test_a_labelled_minority_with_its_own_vocabulary(notes):
+    """About 5% of the patients have a rare condition (group "rare"), with drugs and labs no
+    common patient's notes have; every other patient is, note for note, the patient of a
+    corpus without a minority (issue 29)."""
+    groups = dict(zip(notes["unit_id"], notes["group"]))
+    rare = {u for u, g in groups.items() if g == "rare"}
+    assert set(groups.values()) == {"common", "rare"}
+    assert 0.02 <= len(rare) / len(groups) <= 0.09
+    vocab = clinical._vocab()
+    rare_names = {d.name for d in vocab.rare_diagnoses}
+    named = {u for u, t in zip(notes["unit_id"], notes["text"]) if any(n in t for n in rare_names)}
+    assert named == rare  # a rare condition is named in some note of each rare patient, and only there
+    own = ("pyridostigmine", "fludrocortisone", "mycophenolate", "plasmapheresis", "cosyntropin", "CSF protein")
+    common_text = " ".join(t for t, g in zip(notes["text"], notes["group"]) if g == "common")
+    assert not any(w in common_text for w in own)  # the rarer vocabulary is the minority's own
+    rare_text = " ".join(t for t, g in zip(notes["text"], notes["group"]) if g == "rare")
+    assert sum(w in rare_text for w in own) >= 3
+    plain = generate_clinical_notes(num_patients=200, seed=7, minority_fraction=0.0)
+    assert set(plain["group"]) == {"common"}
+    same = [(a, b) for a, b, u in zip(notes["text"], plain["text"], notes["unit_id"]) if u not in rare]
+    assert len(same) == sum(u not in rare for u in plain["unit_id"]) and all(a == b for a, b in same)
 
 
 def test_small_corpus_hash_is_pinned():
@@ -213,3 +238,27 @@ def test_missing_vocabulary_file(vocab_copy):
     (vocab_copy / "phrasing.yaml").unlink()
     with pytest.raises(ClinicalVocabularyError, match=r"phrasing\.yaml cannot be read"):
         load_vocabulary(vocab_copy)
+
+
+def test_another_hospital_has_its_own_patients_and_vocabulary():
+    """The oncology hospital (a private distribution apart from the general one, issue 29
+    point 0): its own unit ids, note templates and conditions; an unknown hospital is refused."""
+    onc = generate_clinical_notes(num_patients=30, seed=7, hospital="oncology")
+    gen = generate_clinical_notes(num_patients=30, seed=7)
+    assert all(u.startswith("oncology-patient-") for u in onc["unit_id"]) and set(onc["hospital"]) == {"oncology"}
+    names = {d.name for d in clinical._vocab("oncology").diagnoses}
+    assert not names & {d.name for d in clinical._vocab().diagnoses}
+    assert not set(onc["text"]) & set(gen["text"])
+    with pytest.raises(InputError, match="unknown hospital"):
+        generate_clinical_notes(num_patients=3, seed=0, hospital="mars")
+
+
+def test_public_data_from_another_hospital_is_one_choice():
+    from dpaudit.config import load_config, validate
+
+    config = load_config("tiny", overrides=["data.public={hospital: general, num_patients: 20}",
+                                            "data.public_fraction=0", "data.hospital=oncology"])
+    validate(config)
+    assert config.data.has_public() and config.data.public.num_patients == 20
+    with pytest.raises(InputError, match="both choose the public data"):
+        validate(load_config("tiny", overrides=["data.public={hospital: general}"]))

@@ -11,6 +11,7 @@ from dpaudit.data.corpus import (
     load_corpus,
     split_by_unit,
     tokenize_dataset,
+    unit_groups,
 )
 from dpaudit.errors import InputError
 
@@ -42,6 +43,32 @@ def _write(tmp_path, fmt):
     elif fmt == "txt":
         path.write_text("".join(r["body"] + "\n" for r in ROWS))
     return path
+
+
+def test_group_column(tmp_path):
+    """data.group_column: a record's group; a unit's group is its records' group (issue 29)."""
+    rows = [{**r, "cohort": "a" if r["user"] in ("u1", "u3") else "b"} for r in ROWS]
+    path = tmp_path / "g.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    ds = load_corpus(source=str(path), text_column="body", unit_column="user", group_column="cohort")
+    assert ds.column_names == ["text", "unit_id", "group"]
+    assert ds["group"] == ["a", "a", "b", "a", "b"]
+    # the naive loop: every unit's records name one group, and that is the unit's
+    naive = {}
+    for r in rows:
+        if r["body"].strip():
+            naive.setdefault(r["user"], set()).add(r["cohort"])
+    assert unit_groups(ds["unit_id"], ds["group"]) == {u: g.pop() for u, g in naive.items()}
+    rows[1]["cohort"] = "b"  # u1's two records now disagree
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(InputError, match="unit 'u1' has records in group 'a' and in group 'b'"):
+        load_corpus(source=str(path), text_column="body", unit_column="user", group_column="cohort")
+    with pytest.raises(InputError, match="group column 'ward' not found"):
+        load_corpus(source=str(path), text_column="body", unit_column="user", group_column="ward")
+    rows[1]["cohort"] = None
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(InputError, match="every record belongs to a group"):
+        load_corpus(source=str(path), text_column="body", unit_column="user", group_column="cohort")
 
 
 @pytest.mark.parametrize("fmt", ["jsonl", "json", "csv", "parquet"])

@@ -338,8 +338,23 @@ def test_unlearned_model_is_inconclusive(tmp_path):
     run = make_run(tmp_path)
     _train_log(run.model("dp4"), learned=False)
     m = _model(assemble(read_snapshot(run)).report, "dp4")
-    assert m["utility"]["learned"] is False
+    assert m["utility"]["learned"] is False and m["utility"]["fit_training_rows"] is False
     assert m["verdict"]["status"] == "inconclusive"
+
+
+def test_learned_is_judged_on_held_out_records(tmp_path):
+    """Issue 29: a fine-tune that fit its training rows (the canaries dominate their loss) but
+    got worse on held-out records did not learn; the verdict's gate reads the fit, apart."""
+    from dpaudit.report.data import assemble
+
+    run = make_run(tmp_path)
+    write_jsonl_atomic(run.model("dp4").train_log_path, [
+        {"step": 0, "train_eval_loss": 5.0, "heldout_loss": 1.72, "heldout_perplexity": math.exp(1.72)},
+        {"step": 10, "train_loss": 4.0, "train_eval_loss": 4.0, "heldout_loss": 1.745,
+         "heldout_perplexity": math.exp(1.745)}])
+    m = _model(assemble(read_snapshot(run)).report, "dp4")
+    assert m["utility"]["learned"] is False and m["utility"]["fit_training_rows"] is True
+    assert m["verdict"]["status"] != "inconclusive" or "learn" not in m["verdict"]["reason"]
 
 
 def test_learned_is_unknown_when_only_the_embedding_trains(tmp_path):

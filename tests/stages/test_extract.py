@@ -70,7 +70,8 @@ def clinical_candidates():
     ds = generate_clinical_notes(num_patients=12, seed=0)
     patients = sorted(set(ds["unit_id"]))
     members = set(patients[::2])
-    return [{"text": t, "unit_id": u, "role": "member" if u in members else "heldout"}
+    return [{"text": t, "unit_id": u, "role": "member" if u in members else "heldout",
+             "group": "a" if patients.index(u) % 3 == 0 else "b"}  # groups of people (issue 29)
             for t, u in zip(ds["text"], ds["unit_id"])]
 
 
@@ -155,6 +156,17 @@ def test_patient_secrets_agree_with_a_naive_loop(tmp_path, clinical_candidates):
             assert g[f"{role}_mean_logprob"] == pytest.approx(np.mean([np.mean([s[0] for s in p]) for p in pats]),
                                                               abs=1e-4)
             assert g[f"{role}_extracted"] == pytest.approx(np.mean([s[1] for p in pats for s in p]))
+    # ... and per group of people (issue 29): the same notes, split by their patient's group
+    group_of = {c["unit_id"]: c["group"] for c in clinical_candidates}
+    assert [r["group"] for r in ps["by_group"]] == ["a", "b"]
+    for row in ps["by_group"]:
+        for role in ("member", "heldout"):
+            pats = [v for (r, u), v in per_patient.items() if r == role and group_of[u] == row["group"]]
+            assert row[f"{role}_patients"] == len(pats)
+            assert row[f"{role}_notes"] == sum(len(p) for p in pats)
+            assert row[f"{role}_extracted_notes"] == sum(s[1] for p in pats for s in p)
+            assert row[f"{role}_mean_logprob"] == pytest.approx(np.mean([np.mean([s[0] for s in p]) for p in pats]),
+                                                                abs=1e-4)
     # the model was trained on the members' headers: their MRNs are likelier than held-out ones
     lp = lambda role: np.mean([g[f"{role}_mean_logprob"] for g in ps["groups"] if g[f"{role}_patients"]])
     assert lp("member") > lp("heldout")

@@ -137,6 +137,9 @@ def test_clipped_sum_matches_brute_force(arch, kind):
     assert stats.num_units == len(seqs) and stats.num_examples == len(seqs)
     assert 0 < stats.clipped_units < len(seqs)
     assert sorted(stats.unit_norms) == pytest.approx(sorted(norms), rel=1e-4)
+    assert sorted(stats.unit_index) == list(range(len(seqs)))  # whose norm is whose (issue 29)
+    by_unit = dict(zip(stats.unit_index, stats.unit_norms))
+    assert [by_unit[u] for u in range(len(seqs))] == pytest.approx(norms, rel=1e-4)
     eng.close()
 
 
@@ -164,6 +167,9 @@ def test_per_user_gradients_sum_before_clipping(arch, kind):
         assert_close(summed, expected)
         assert stats.num_units == 4 and stats.num_examples == 9
         assert sorted(stats.unit_norms) == pytest.approx(sorted(user_norms), rel=1e-4)
+        by_unit = dict(zip(stats.unit_index, stats.unit_norms))  # whose norm is whose, every path
+        assert sorted(stats.unit_index) == [0, 1, 2, 3]
+        assert [by_unit[u] for u in range(4)] == pytest.approx(user_norms, rel=1e-4)
         eng.close()
 
 

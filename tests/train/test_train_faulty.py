@@ -61,6 +61,10 @@ def test_faulty_engines_survive_empty_batches_and_carried_users(cls):
     assert torch.isfinite(update(cls, [], sigma=1.0)).all()
     users = [[s for s in sequences([4, 5, 6, 7, 3], seed=2)], [sequences([5], seed=3)[0]]]
     assert torch.isfinite(update(cls, users, sigma=1.0)).all()
+    eng = engine(build("gpt2"), cls, sigma=1.0, C=1.0)
+    stats = eng.step(users, torch.Generator().manual_seed(0))
+    assert sorted(stats.unit_index) == [0, 1]  # every engine says whose norm is whose (issue 29)
+    eng.close()
 
 
 def test_realised_batch_size():

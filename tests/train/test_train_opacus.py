@@ -26,14 +26,17 @@ def test_opacus_adapter_matches_our_engine(arch):
     from dpaudit.train.opacus import OpacusEngine
 
     units = [[s] for s in sequences([7, 3, 9, 5, 4], seed=1)]
-    updates = {}
+    updates, norms = {}, {}
     for cls in (DPSGDEngine, OpacusEngine):
         eng = engine(build(arch), cls, C=0.05, B=4, microbatch=2)
         stats = eng.step(units)
         assert stats.clipped_units == 5
+        assert sorted(stats.unit_index) == list(range(5))  # whose norm is whose (issue 29)
+        norms[cls.__name__] = [dict(zip(stats.unit_index, stats.unit_norms))[u] for u in range(5)]
         updates[cls.__name__] = {n: p.grad.clone() for n, p in eng.params.items()}
         eng.close()
     assert_close(updates["OpacusEngine"], updates["DPSGDEngine"])
+    assert norms["OpacusEngine"] == pytest.approx(norms["DPSGDEngine"], rel=1e-3)
 
 
 def test_opacus_needs_explicit_position_ids(monkeypatch):
