@@ -13,6 +13,8 @@ import pytest
 import dpaudit
 from dpaudit.cli import main
 
+pytestmark = pytest.mark.slow  # the long suite: python -m pytest -m slow (.ci/run runs it)
+
 ATTACKS = {"loss", "zlib", "min_k", "min_k_pp", "reference", "lira_online", "lira_offline", "rmia"}
 MODELS = ["nonprivate", "dp-eps2", "dp-eps8"]
 SETS = ["fleet.num_models=4", "data.holdout_fraction=0.75", "canaries.repetitions=2", "audit.ladder.enabled=true",

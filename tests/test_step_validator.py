@@ -26,6 +26,8 @@ from dpaudit.stages.validate_step import validate_step
 from dpaudit.train.engine import DPSGDEngine
 from dpaudit.train.step import make_step
 
+pytestmark = pytest.mark.slow  # the long suite: python -m pytest -m slow (.ci/run runs it)
+
 S, C, B = 2.0, 0.1, 4  # claimed mu = 1/S = 0.5
 
 

@@ -14,6 +14,8 @@ from dpaudit.models import ARCHS, build_tiny
 from dpaudit.stages.validate_step import JSON_KEYS, validate_step
 from step_faults import FAULTS, linear_half_norm_step
 
+pytestmark = pytest.mark.slow  # the long suite: python -m pytest -m slow (.ci/run runs it)
+
 C, B = 1.0, 8
 LINEAR_ARCHS = ("llama", "opt", "gpt_neox")
 

@@ -45,6 +45,7 @@ def validate(capsys, *args):
     return code, captured.out, captured.err
 
 
+@pytest.mark.slow
 def test_readme_example_on_tiny_is_inconclusive(tmp_path, capsys):
     """16 canaries at delta 1e-3 cannot show any epsilon: the ceiling is 0, so a green
     'consistent' would mislead."""
@@ -61,6 +62,7 @@ def test_readme_example_on_tiny_is_inconclusive(tmp_path, capsys):
     assert not (tmp_path / "v" / "report.json").exists()
 
 
+@pytest.mark.slow
 def test_plug_in_without_a_run_directory(plugins, capsys):
     code, out, _ = validate(capsys, "--trainer", "my_trainers:wrapped", "--epsilon", "3.2", "--delta", "1e-3",
                             "--out", str(plugins / "v"))
@@ -144,6 +146,7 @@ def test_validate_isolates_its_canaries_unless_told_otherwise():
     assert (cfg.train.optimizer, cfg.train.lr) == ("adamw", 0.003)  # and the preset's optimizer
 
 
+@pytest.mark.slow
 def test_white_box_rung_catches_a_claim_the_noise_does_not_earn(tmp_path, capsys):
     """sigma 1 over 10 full steps is epsilon 14.1 at delta 1e-3: a claim of 4 is false, and the
     white-box rung (gradient canaries in the trainer's own DP-SGD run) shows it."""
@@ -154,6 +157,7 @@ def test_white_box_rung_catches_a_claim_the_noise_does_not_earn(tmp_path, capsys
     assert 4 < result["epsilon_lower_bound"] <= 14.1
 
 
+@pytest.mark.slow
 def test_full_batch_trains_every_unit_in_every_step(tmp_path, capsys):
     """--full-batch: q = 1 over exactly the units trained on (members and included canaries),
     10 steps unless train.steps is set, and every step's Poisson batch is all of them."""

@@ -20,6 +20,8 @@ from dpaudit.cli import main
 from dpaudit.errors import InputError
 from dpaudit.rundir import RunDir
 
+pytestmark = pytest.mark.slow  # the long suite: python -m pytest -m slow (.ci/run runs it)
+
 EXAMPLES = Path(__file__).resolve().parents[1] / "docs" / "examples"
 EPSILON, DELTA = 4.0, 1e-5
 

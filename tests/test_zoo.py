@@ -15,6 +15,8 @@ import pytest
 from dpaudit.audit import learned
 from dpaudit.train.faulty import CONSERVATIVE, FAULTY_TRAINERS
 
+pytestmark = pytest.mark.slow  # the long suite: python -m pytest -m slow (.ci/run runs it)
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

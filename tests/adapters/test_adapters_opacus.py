@@ -22,7 +22,7 @@ from dpaudit.stages.validate_step import validate_step  # noqa: E402
 from dpaudit.train.engine import DPSGDEngine, collate  # noqa: E402
 from dpaudit.train.step import STEP_LR  # noqa: E402
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.slow]  # the long suite (.ci/run runs it)
 
 B = 4  # the claimed expected batch size of the direct step tests
 REPETITIONS = 24  # a side: the ceiling at S = 1 is 1.26 > 1, so a correct step is not inconclusive

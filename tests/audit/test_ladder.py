@@ -86,6 +86,7 @@ def test_white_box_rung_with_half_the_noise_is_a_violation():
     assert all(b > claim for b in bounds)
 
 
+@pytest.mark.slow
 def test_white_box_rung_at_a_subsampled_q_is_sound():
     # a run's own q < 1 (the released model's regime): the claimed noise stays below the claim
     q, steps = 0.1, 20

@@ -156,6 +156,7 @@ def test_model_seeds_do_not_depend_on_fleet_size():
 # --------------------------------------------------------------------------- local pool
 
 
+@pytest.mark.slow
 def test_local_pool_fleet(pool_fleet, inputs):
     fleet_dir, keep = pool_fleet
     _, candidates = inputs
@@ -265,6 +266,7 @@ def ray_instance():
         ray.shutdown()
 
 
+@pytest.mark.slow
 def test_ray_fleet(ray_instance, inputs, tmp_path):
     tokenizer, candidates = inputs
     fleet_dir = tmp_path / "fleet"

@@ -25,6 +25,8 @@ from dpaudit.stages.report import read_snapshot
 from dpaudit.report.data import DP_KEYS, MODEL_KEYS
 from dpaudit.rundir import RunDir, write_json_atomic, write_jsonl_atomic
 
+pytestmark = pytest.mark.slow  # the long suite: python -m pytest -m slow (.ci/run runs it)
+
 TEXT_MARKER = "PATIENTNOTE_7731"
 MALICIOUS = f"<script>alert(1)</script> {TEXT_MARKER} was admitted"
 WEIRD_ID = "c&0<b>"

@@ -184,6 +184,7 @@ def tiny(tmp_path_factory):
     return tiny_multi_run(out, "audit.num_runs=2")
 
 
+@pytest.mark.slow
 def test_stage_trains_2k_copies_of_the_audited_mechanism(tiny):
     _, rundir, result = tiny
     assert result.ok, result.failed
@@ -203,6 +204,7 @@ def test_stage_trains_2k_copies_of_the_audited_mechanism(tiny):
     assert len(seeds) == 4
 
 
+@pytest.mark.slow
 def test_stage_scores_each_run_and_writes_the_artifact(tiny):
     from dpaudit.attacks import AttackInputs, get_attack
     from dpaudit.models import load_model
@@ -226,6 +228,7 @@ def test_stage_scores_each_run_and_writes_the_artifact(tiny):
     assert res["train_time_s_mean"] > 0 and len(res["run_seeds"]) == 4
 
 
+@pytest.mark.slow
 def test_stage_resumes_and_reaches_the_report_data(tiny):
     from dpaudit.report.model import _multi_run
     from dpaudit.stages.multi_run import multi_run_model
