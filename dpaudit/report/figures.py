@@ -184,7 +184,7 @@ def compliance(report: Mapping[str, Any]) -> Figure | None:
     if any(m["privacy"] == "non_private" for m, _, _ in drawn):
         handles.append(ax.plot([], [], marker="o", ls="none", color="0.45", markeredgecolor="black")[0])
         labels.append("no DP: its canaries' best bound, for scale")
-    fig.legend(handles, labels, loc="outside lower center", ncols=2, fontsize=7.5)  # clear of the points
+    fig.legend(handles, labels, loc="outside lower center", ncols=1, fontsize=7.5)  # clear of the points, within the width
     ax.grid(True, which="major", color="0.92")
     return fig
 
