@@ -15,6 +15,7 @@ import os
 import platform
 import subprocess
 import sys
+from collections.abc import Callable
 from datetime import datetime, timezone
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -109,30 +110,27 @@ def read_ladder(model_dir: ModelDir) -> list[Rung] | None:
 def read_gradient_canaries(model_dir: ModelDir | str | Path) -> GradientCanaryRecord | None:
     """The model's white-box gradient canaries (``gradient_canaries.npz``), or None when it
     was trained without them. A malformed file is an :class:`InputError`."""
-    import numpy as np
-
-    path = Path(model_dir.root if isinstance(model_dir, ModelDir) else model_dir) / GRADIENT_CANARIES
-    if not path.is_file():
-        return None
-    try:
-        with np.load(path, allow_pickle=False) as arrays:
-            return GradientCanaryRecord.from_arrays(dict(arrays))
-    except (OSError, ValueError, InputError) as err:
-        raise InputError(f"{path}: {err}") from None
+    return _read_npz(model_dir, GRADIENT_CANARIES, GradientCanaryRecord.from_arrays)
 
 
 def read_unit_clipping(model_dir: ModelDir | str | Path) -> UnitClipping | None:
     """Who was clipped in the model's DP run (``unit_clipping.npz``), or None when its trainer
     did not record it (a non-private or third-party trainer: unknown). A malformed file is an
     :class:`InputError`."""
+    return _read_npz(model_dir, UNIT_CLIPPING, UnitClipping.from_arrays)
+
+
+def _read_npz(model_dir: ModelDir | str | Path, name: str, parse: Callable[[dict], Any]) -> Any:
+    """``parse`` of the arrays of the model's ``name`` (no pickles), None when it is absent;
+    a malformed file is an :class:`InputError`."""
     import numpy as np
 
-    path = Path(model_dir.root if isinstance(model_dir, ModelDir) else model_dir) / UNIT_CLIPPING
+    path = Path(model_dir.root if isinstance(model_dir, ModelDir) else model_dir) / name
     if not path.is_file():
         return None
     try:
         with np.load(path, allow_pickle=False) as arrays:
-            return UnitClipping.from_arrays(dict(arrays))
+            return parse(dict(arrays))
     except (OSError, ValueError, InputError) as err:
         raise InputError(f"{path}: {err}") from None
 
