@@ -159,23 +159,8 @@ def audit_model(
     rundir = RunDir(out)
     keep, described = None, None
     if plan is not None:
-        from dpaudit.stages.references import describe, estimate_references, reference_signals, train_references
-
-        estimate = estimate_references(plan, directory=rundir.references_dir)
-        if estimate is not None:
-            print(f"dpaudit audit-model: {estimate.text}", file=sys.stderr)
-            chosen = choose(estimate, plan.num_models) if choose is not None and estimate.fresh else plan.num_models
-            if chosen is None:
-                raise InputError(f"stopped before training the reference models: nothing trained, nothing written "
-                                 f"in {rundir.root}")
-            if chosen != plan.num_models:
-                plan = plan_for(chosen)
-                estimate = dataclasses.replace(estimate, seconds=(estimate.total_s / len(estimate.seconds),) * chosen)
-        rundir.root.mkdir(parents=True, exist_ok=True)
-        trained = train_references(plan, directory=rundir.references_dir, progress=progress, estimate=estimate)
-        own = reference_signals(trained["dirs"], texts, directory=rundir.references_dir, **kw)
-        described = describe(plan, trained, target=target, references=own, nonmembers=np.flatnonzero(~labels),
-                             population_path=population)
+        plan, own, described = _own_references(plan, plan_for, rundir=rundir, choose=choose, texts=texts,
+                                               target=target, labels=labels, population=population, **kw)
         rows = np.vstack([np.zeros((len(references), len(texts)), bool), plan.target_keep()])
         keep = rows if rows.any() else None  # None: every reference is "out" for every text
         references += tuple(own)
@@ -207,3 +192,28 @@ def audit_model(
     })
     write_manifest(rundir, seeds={"references": plan.config.seed} if plan is not None else {})
     return summary
+
+
+def _own_references(plan, plan_for: Callable[[int], Any], *, rundir: RunDir, choose, texts, target,
+                    labels: np.ndarray, population, **kw) -> tuple[Any, list, dict]:
+    """Train (or find) the plan's reference models in ``OUT/references/`` after printing their
+    cost and asking ``choose`` for their number; returns the plan as trained, the references'
+    signals on ``texts`` (``kw``: the signals' settings) and what the report says of them."""
+    from dpaudit.stages.references import describe, estimate_references, reference_signals, train_references
+
+    estimate = estimate_references(plan, directory=rundir.references_dir)
+    if estimate is not None:
+        print(f"dpaudit audit-model: {estimate.text}", file=sys.stderr)
+        chosen = choose(estimate, plan.num_models) if choose is not None and estimate.fresh else plan.num_models
+        if chosen is None:
+            raise InputError(f"stopped before training the reference models: nothing trained, nothing written "
+                             f"in {rundir.root}")
+        if chosen != plan.num_models:
+            plan = plan_for(chosen)
+            estimate = dataclasses.replace(estimate, seconds=(estimate.total_s / len(estimate.seconds),) * chosen)
+    rundir.root.mkdir(parents=True, exist_ok=True)
+    trained = train_references(plan, directory=rundir.references_dir, progress=kw["progress"], estimate=estimate)
+    own = reference_signals(trained["dirs"], texts, directory=rundir.references_dir, **kw)
+    described = describe(plan, trained, target=target, references=own, nonmembers=np.flatnonzero(~labels),
+                         population_path=population)
+    return plan, own, described
