@@ -199,23 +199,8 @@ def load_corpus(
     if group_column is not None and (not isinstance(group_column, str) or not group_column):
         raise InputError(f"group_column must be a column name or None, got {group_column!r}")
 
-    if source == "clinical":
-        from dpaudit.data.clinical import generate_clinical_notes
-
-        extra = {} if minority_fraction is None else {"minority_fraction": minority_fraction}
-        ds = generate_clinical_notes(num_patients=num_patients, seed=seed, hospital=hospital, **extra)
-        origin = f"the clinical corpus ({hospital} hospital)"
-    else:
-        path = Path(source).expanduser()
-        if path.exists():
-            ds = _load_local(path)
-            origin = str(path)
-        elif _looks_like_path(source):
-            raise InputError(f"data file not found: {source}")
-        else:
-            ds = _load_hub(source, split=split, trust_remote_code=trust_remote_code)
-            origin = source
-
+    ds, origin = _load_source(source, split=split, num_patients=num_patients, seed=seed, hospital=hospital,
+                              minority_fraction=minority_fraction, trust_remote_code=trust_remote_code)
     if len(ds) == 0:
         raise InputError(f"the data set is empty: {origin} holds no records")
     columns = list(ds.column_names)
@@ -255,6 +240,23 @@ def load_corpus(
         unit_groups(columns_out["unit_id"], columns_out["group"], origin=f"group column '{group_column}' in {origin}")
     features = datasets.Features({k: datasets.Value("string") for k in columns_out})
     return datasets.Dataset.from_dict(columns_out, features=features)
+
+
+def _load_source(source: str, *, split: str, num_patients: int, seed: int, hospital: str,
+                 minority_fraction: float | None, trust_remote_code: bool):
+    """The raw data set of :func:`load_corpus`'s ``source`` and how to name it in errors."""
+    if source == "clinical":
+        from dpaudit.data.clinical import generate_clinical_notes
+
+        extra = {} if minority_fraction is None else {"minority_fraction": minority_fraction}
+        ds = generate_clinical_notes(num_patients=num_patients, seed=seed, hospital=hospital, **extra)
+        return ds, f"the clinical corpus ({hospital} hospital)"
+    path = Path(source).expanduser()
+    if path.exists():
+        return _load_local(path), str(path)
+    if _looks_like_path(source):
+        raise InputError(f"data file not found: {source}")
+    return _load_hub(source, split=split, trust_remote_code=trust_remote_code), source
 
 
 def unit_groups(units: Sequence[str], groups: Sequence[str], *, origin: str = "the data") -> dict[str, str]:
