@@ -24,14 +24,15 @@ def test_the_floor_is_the_oldest_tested_release():
     assert f"opacus>={OLDEST}" in extras["opacus"] and f"opacus>={OLDEST}" in extras["dev"]
 
 
+@pytest.mark.slow
 def test_adapters_on_the_oldest_opacus():
-    """The default (not slow) adapter tests under Opacus 1.5.3: about 80 s alone (1.6.0's run of
+    """The quick (not individually slow) adapter tests under Opacus 1.5.3: about 80 s alone (1.6.0's run of
     them on this project's 2-core machine), 5 minutes under load; the step validator's tests
     run every canary."""
     if not (TARGET / "opacus" / "version.py").is_file():
         pytest.skip(f"Opacus {OLDEST} is not installed in {TARGET} (.ci/run does it: "
                     f"pip install --no-deps --target {TARGET} opacus=={OLDEST})")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+    env = {**os.environ, "DPAUDIT_ADAPTERS_QUICK": "1", "PYTHONPATH": os.pathsep.join(
         p for p in (str(TARGET), str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
     test = Path(__file__).with_name("test_adapters_opacus.py")
     args = [str(test), "-q", "-p", "no:cacheprovider", "-m", "not slow", "-W", "ignore"]
