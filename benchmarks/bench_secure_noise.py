@@ -2,6 +2,7 @@
 
     OMP_NUM_THREADS=1 python benchmarks/bench_secure_noise.py            # 5 rounds, a table
     OMP_NUM_THREADS=1 python benchmarks/bench_secure_noise.py --json     # one JSON object
+    OMP_NUM_THREADS=1 python benchmarks/bench_secure_noise.py --batch 4  # the step of 4 sequences
 
 The model is GPT-2 124M (``dpaudit.bench.build_model("gpt2")``: 12 layers, width 768, GPT-2's
 vocabulary of 50,257, tied embeddings: 124.4 million trainable parameters). Each round times, one
@@ -15,8 +16,9 @@ after the other:
 - ``noise_urandom`` (``--urandom-rounds``, default 1: about 15 s each): the secure noise as it was
   before, ``os.urandom`` and Box-Muller in float64 on the CPU, per parameter, then added;
 - ``dp_step``: one DP-SGD step of the toolkit's engine (``train.dp.engine: auto``), secure mode,
-  on a batch of 4 sequences of 128 random tokens, plus the AdamW step, as ``dpaudit bench`` times
-  a step (a warm-up step first).
+  on a batch of ``--batch`` sequences of 128 random tokens (default 16, the batch of ``dpaudit
+  bench``'s DP-step row; micro-batches of 4), plus the AdamW step, as ``dpaudit bench`` times a
+  step (a warm-up step first). The noise does not grow with the batch; the step does.
 
 The clock is the process's CPU time (with one thread: the work done, whatever else the machine
 runs); the share of a round is its ``noise_chacha`` over its ``dp_step``, and the summary is the
@@ -42,7 +44,7 @@ from dpaudit import bench
 from dpaudit.train.engine import trainable_parameters
 from dpaudit.train.sampling import SecureGenerator
 
-BATCH, MICROBATCH = 4, 4
+MICROBATCH = 4
 
 
 def urandom_standard_normal(shape) -> torch.Tensor:
@@ -64,15 +66,15 @@ def cpu_seconds(fn) -> float:
     return time.process_time() - start
 
 
-def run(*, rounds: int, urandom_rounds: int, threads: int) -> dict:
+def run(*, rounds: int, urandom_rounds: int, threads: int, batch: int = 16) -> dict:
     torch.set_num_threads(threads)
     model = bench.build_model("gpt2")
     factories, _ = bench.engine_factories(opacus=False)
-    engine = factories["dpsgd"](model, expected_batch_size=BATCH, microbatch_size=MICROBATCH, pad_id=0, device="cpu",
+    engine = factories["dpsgd"](model, expected_batch_size=batch, microbatch_size=min(batch, MICROBATCH), pad_id=0, device="cpu",
                                 noise_multiplier=1.0, max_grad_norm=1.0)
     params = trainable_parameters(model)
     optimizer = torch.optim.AdamW(list(params.values()), lr=1e-5)
-    units = bench.random_units(BATCH)
+    units = bench.random_units(batch)
     sums = {name: torch.zeros_like(p, dtype=torch.float32) for name, p in params.items()}
     secure = SecureGenerator()
     seeded = torch.Generator().manual_seed(0)
@@ -111,7 +113,7 @@ def run(*, rounds: int, urandom_rounds: int, threads: int) -> dict:
         "model": "gpt2 (124M)",
         "parameters": sum(p.numel() for p in params.values()),
         "tensors": len(params),
-        "batch": f"{BATCH} x {bench.LENGTH} tokens",
+        "batch": f"{batch} x {bench.LENGTH} tokens",
         "threads": torch.get_num_threads(),
         "clock": "process CPU time",
         "rounds": rounds,
@@ -150,9 +152,10 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--urandom-rounds", type=int, default=1, help="rounds that also time the old os.urandom noise")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--batch", type=int, default=16, help="sequences in the timed DP step")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
-    result = run(rounds=args.rounds, urandom_rounds=args.urandom_rounds, threads=args.threads)
+    result = run(rounds=args.rounds, urandom_rounds=args.urandom_rounds, threads=args.threads, batch=args.batch)
     print(json.dumps(result) if args.json else table(result))
     return 0
 

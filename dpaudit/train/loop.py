@@ -350,7 +350,7 @@ class _UnitTally:
             self.known = False
             return
         chosen = np.asarray(chosen, dtype=np.int64)
-        self.sampled[chosen] += 1
+        np.add.at(self.sampled, chosen, 1)  # a unit twice in one batch (a shuffle crossing an epoch) counts twice
         if not stats.unit_norms:
             return
         who = chosen[np.asarray(stats.unit_index, dtype=np.int64)]

@@ -80,6 +80,20 @@ def test_the_real_engine_records_each_unit(make_dataset, tokenizer):
     assert np.all(uc.norm_sum[uc.sampled > 0] > 0) and np.all(uc.norm_sum[uc.sampled == 0] == 0)
 
 
+def test_a_unit_twice_in_one_batch_is_counted_twice(make_dataset, tokenizer):
+    """A shuffling sampler whose batch crosses an epoch can hold a unit twice (the faulty
+    ``shuffle_as_poisson``): each appearance is a sampled unit-step, as each is clipped."""
+    from dpaudit.train.faulty import SPECS
+
+    train = make_dataset(tokenizer, 6)
+    config = load_config("tiny", overrides=[*BASE, "train.steps=7", "train.batch_size=4"])
+    record = TrainingRecord()
+    run_training(train, tokenizer, seed=0, spec=SPECS["shuffle_as_poisson"], config=config, record=record)
+    uc = record.unit_clipping
+    assert uc.sampled.sum() == sum(r["batch_size"] for r in record.log if r["step"] > 0) == 28
+    assert np.all(uc.clipped <= uc.sampled)
+
+
 def test_a_nonprivate_run_records_no_clipping(make_dataset, tokenizer):
     from dpaudit.train.loop import NONPRIVATE
 
