@@ -28,7 +28,9 @@ trained by the same DP trainer, each with its own random half of the canaries), 
 isolated designs, where only the input embedding trains (``model.trainable``):
 ``isolated_prefixed`` (distinct prefixed canaries), ``isolated`` (4 new tokens, no prefix),
 ``isolated_q1`` (the same at full batch, q = 1, 10 steps) and ``isolated_q1_m2000`` (2,000
-canaries of 2 tokens, the ``new_token_bare`` set, at full batch).
+canaries of 2 tokens, the ``new_token_bare`` set, at full batch); and ``pairs``
+(the demo's ``new_token_pairs`` canaries in its full fine-tune: every parameter trains; on a
+run prepared with them, as the demo is).
 
 Besides the five scores, two black-box ones: ``secret contrast``, a canary's secret-token
 log-probabilities minus the mean log-probability of the whole new-token pool at the same
@@ -67,13 +69,15 @@ LEVERS = {
                     "length": 4},
     "isolated_q1_m2000": {"distinct": True, "bare": True, "trainable": "input_embeddings", "q": 1.0, "steps": 10,
                           "num": 2000, "length": 2},
+    "pairs": {"set": "new_token_pairs", "distinct": True},
 }
 
 
-def canary_set(*, num: int, distinct: bool, seed: int, length: int | None = None, bare: bool = False):
+def canary_set(*, num: int, distinct: bool, seed: int, length: int | None = None, bare: bool = False,
+               name: str | None = None):
     from dpaudit.canaries import load_canary_spec, make_canaries
 
-    spec = load_canary_spec("new_token_bare" if bare else "new_token")
+    spec = load_canary_spec(name or ("new_token_bare" if bare else "new_token"))
     spec["secret"] = {**spec["secret"], "distinct": distinct, "length": length or spec["secret"]["length"]}
     return spec, make_canaries(spec=spec, num_canaries=num, seed=seed)
 
@@ -151,7 +155,7 @@ def equalized_base(rundir, tokenizer, spec, out: Path) -> Path:
     return out
 
 
-def measure(rundir, *, lever: dict, num: int, epsilon: float, seed: int, work: Path) -> dict:
+def measure(rundir, *, lever: dict, num: int, epsilon: float, seed: int, work: Path, model: str | None = None) -> dict:
     import datasets
 
     from dpaudit.audit import CanaryScores, claimed_curve_bound
@@ -167,7 +171,7 @@ def measure(rundir, *, lever: dict, num: int, epsilon: float, seed: int, work: P
     config, tok = rundir.read_config(), read_tokenizer(rundir)
     num = lever.get("num", num)
     spec, canaries = canary_set(num=num, distinct=lever.get("distinct", False), seed=seed, length=lever.get("length"),
-                                bare=lever.get("bare", False))
+                                bare=lever.get("bare", False), name=lever.get("set"))
     embedding_only = lever.get("trainable") == "input_embeddings"
     included = np.array([c.included for c in canaries])
     base_dir = equalized_base(rundir, tok, spec, work / "base") if lever.get("same_init") else rundir.base_dir
@@ -186,7 +190,7 @@ def measure(rundir, *, lever: dict, num: int, epsilon: float, seed: int, work: P
     heldout = tokenize_dataset(datasets.Dataset.from_dict({"text": [c["text"] for c in held],
                                                            "unit_id": [c["unit_id"] for c in held]}),
                                tok, max_length=config.data.max_length)
-    base_cfg = effective_config(rundir, config, config.model_names()[-1])
+    base_cfg = effective_config(rundir, config, model or config.model_names()[-1])
     dp = dataclasses.replace(base_cfg.train.dp, target_epsilon=None if "sigma" in lever else epsilon,
                              noise_multiplier=lever.get("sigma"))
     num_members = sum(c["role"] == "member" for c in cands)
@@ -279,6 +283,7 @@ def main() -> None:
     parser.add_argument("--num-canaries", type=int, default=1000)
     parser.add_argument("--epsilon", type=float, default=4.0)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--model", help="the model of the run whose trainer settings the levers use (default: the last)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
@@ -292,7 +297,7 @@ def main() -> None:
     results = {}
     for name in names:
         with tempfile.TemporaryDirectory(prefix="dpaudit-lever-") as work:
-            results[name] = measure(rundir, lever=LEVERS[name], num=args.num_canaries, epsilon=args.epsilon,
+            results[name] = measure(rundir, lever=LEVERS[name], num=args.num_canaries, epsilon=args.epsilon, model=args.model,
                                     seed=args.seed, work=Path(work))
         if not args.json:
             r = results[name]

@@ -84,6 +84,7 @@ def test_the_gpu_preset_runs_two_steps_at_tiny_size_on_cpu(tmp_path):
 
     raw = load_config("gpu").to_dict()
     raw["data"].update(num_patients=30, max_length=48)
+    raw["data"]["public"]["num_patients"] = 20
     raw["canaries"].update(num=16, secrets={"num": 1, "enumerate_limit": 0, "sample_size": 200})
     raw["tokenizer"]["vocab_size"] = 300
     raw["model"]["size"] = "tiny"

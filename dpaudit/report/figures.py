@@ -207,6 +207,9 @@ def utility(report: Mapping[str, Any]) -> Figure | None:
         ax.axhline(np.median(init), color="0.4", ls=":", lw=1.2, label="base model (before fine-tuning, step 0)")
         ax.legend(fontsize=8)
     axis.apply(ax)
+    ys = [m["utility"]["heldout_perplexity"] for m, _ in pts] + init
+    if max(ys) > 10 * min(ys):  # a base model far off the private data: the fine-tunes would lie flat at 0
+        ax.set_yscale("log")
     ax.set_ylabel("held-out perplexity (lower is better)")
     ax.set_title("Utility vs. ε")
     ax.grid(True, color="0.92")

@@ -252,8 +252,12 @@ def _group_findings(models: list[Mapping[str, Any]], base: list[Mapping[str, Any
                    "ε overlap"}[verdict]
         start = (f" The base model, before fine-tuning: {_interval_text(base_ratio[n])}."
                  if isinstance(base_ratio.get(n), Mapping) and base_ratio[n].get("value") is not None else "")
+        plain = next((r for m, r in points if m in nodp), None)
+        why = (f" Without DP the group is no harder to predict than group {majority} (ratio {_interval_text(plain)}, an "
+               f"interval that holds 1): it is not atypical for this model, so DP has no gap to widen."
+               if verdict == 0 and plain and plain.get("low") is not None and plain["low"] <= 1 <= plain["high"] else "")
         out.append(f"Perplexity of group {n} over group {majority} ({lowest[1]['confidence']:.0%} intervals over "
-                   f"units), by ε: {listed}. The ratio {said}.{start}")
+                   f"units), by ε: {listed}. The ratio {said}.{why}{start}")
         clipped = []
         for m in dp:
             g = {x["group"]: x for x in m["groups"]}
@@ -268,9 +272,11 @@ def _group_findings(models: list[Mapping[str, Any]], base: list[Mapping[str, Any
         if clipped:
             out.append(f"Share of group {n}'s sampled unit-steps whose gradient was clipped, against group {majority}'s: "
                        + "; ".join(clipped) + ".")
-        saturated = [m for m in dp if all(((g.get("clipping") or {}).get("clipped_share") or {}).get("value", 0) >= 0.99
-                                          for g in m["groups"] if g["group"] in (n, majority))
-                     and all(g.get("clipping") for g in m["groups"] if g["group"] in (n, majority))]
+        def share(g):  # None when the group had no sampled unit-step (a tiny run)
+            return ((g.get("clipping") or {}).get("clipped_share") or {}).get("value")
+
+        saturated = [m for m in dp if all(g.get("clipping") and (share(g) or 0) >= 0.99
+                                          for g in m["groups"] if g["group"] in (n, majority))]
         if saturated:
             norms = {g["group"]: g["clipping"] for g in saturated[0]["groups"]}
             out.append(f"At C = {_fmt(norms[n]['max_grad_norm'], '.3g')} every unit-step of both groups was clipped in "

@@ -150,4 +150,10 @@ def test_findings_say_when_the_ratio_grows_and_when_clipping_is_saturated():
     assert "clipped indistinguishably" in text
     assert "every unit-step of both groups was clipped in dp1, dp8" in text and "9.00 [8.10, 9.90]" in text
     models[1]["groups"][1]["perplexity_ratio"] = est(1.12, 1.0, 1.2)
-    assert "does not change measurably" in " ".join(_group_findings(models))
+    text = " ".join(_group_findings(models))
+    assert "does not change measurably" in text and "no harder to predict" not in text  # 1.1 [1.05, 1.15] without DP
+    models[0]["groups"][1]["perplexity_ratio"] = est(1.02, 0.9, 1.15)
+    assert "no harder to predict than group common (ratio 1.02 [0.90, 1.15]" in " ".join(_group_findings(models))
+    # a group that no step sampled (a tiny run) has no clipped share: no saturation claim, no error
+    models[1]["groups"][1]["clipping"]["clipped_share"] = est(None, None, None)
+    assert "every unit-step of both groups was clipped in dp8:" in " ".join(_group_findings(models))

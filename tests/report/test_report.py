@@ -582,3 +582,20 @@ def test_tprs_withheld_for_every_attack_have_no_panel_and_no_column(built):
             "non-members; this run has 2,000.") in part
     assert "Members vs. held-out: AUC [95% CI]; TPR at 1% FPR</h3>" in part
     assert "0.050" in part and "n/e" in part  # zlib's withheld TPR at 1% beside loss's
+
+
+def test_utility_axis_turns_logarithmic_when_the_base_model_is_far_off(built):
+    """A base model 100x worse than its fine-tunes (the demo's shift between hospitals) would
+    flatten them on a linear axis; perplexities within 10x of each other keep it linear."""
+    import copy
+
+    from dpaudit.report.figures import utility
+
+    _, report, _ = built
+    report = copy.deepcopy(report)
+    for m in report["models"]:
+        m["utility"].update(heldout_perplexity=20.0, initial_heldout_perplexity=25.0)
+    assert utility(report).axes[0].get_yscale() == "linear"
+    for m in report["models"]:
+        m["utility"]["initial_heldout_perplexity"] = 2000.0
+    assert utility(report).axes[0].get_yscale() == "log"

@@ -192,7 +192,9 @@ def test_compiled_and_eager_kernels_agree():
     words = openssl_words(os.urandom(32), (3, 0, 0), 0, 2 * 2**13)  # 2^18 normals
     eager, compiled = chacha.normals(words), chacha.normals(words, compiled=True)
     assert torch.allclose(eager, compiled, atol=1e-5, rtol=1e-5)
-    assert torch.allclose(eager.double(), reference_normals(words), atol=2e-5, rtol=1e-5)
+    # float32 rounds u = 1 - t near 1 by up to 2^-25, so the radius sqrt(2 t) is off by up to
+    # sqrt(2 * 2^-25) = 2^-12 where t is that small (a few pairs in 10^3 runs; 2e-5 failed 1 in 10)
+    assert torch.allclose(eager.double(), reference_normals(words), atol=2.0**-12 + 2e-5, rtol=1e-5)
     s = torch.randn(words.numel(), generator=torch.Generator().manual_seed(0)) * 10
     a = chacha.noisy_snapped(words, s, std=1.5, spacing=chacha.snap_spacing(1.5))
     b = chacha.noisy_snapped(words, s, std=1.5, spacing=chacha.snap_spacing(1.5), compiled=True)
