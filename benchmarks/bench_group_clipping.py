@@ -53,7 +53,6 @@ def main() -> None:
     members = [c for c in rundir.read_candidates() if c["role"] == "member" and c.get("group") is not None]
     if not members:
         parser.error(f"{args.run}: no member record names a group")
-    torch.manual_seed(0)
     norm = note_norms(load_model(rundir.base_dir), read_tokenizer(rundir), [c["text"] for c in members],
                       max_length=config.data.max_length)
     groups = sorted({c["group"] for c in members})
