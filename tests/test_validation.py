@@ -91,7 +91,8 @@ def test_bad_input_is_one_clear_line(plugins, capsys, args, needle):
 @pytest.mark.slow
 def test_no_noise_trainer_is_caught(tmp_path, capsys):
     code = main(["validate", "--trainer", "dpaudit.train.faulty:no_noise", "--epsilon", "1", "--delta", "1e-5",
-                 "--canaries", "1000", "--set", "data.num_patients=200", "--set", "train.dp.noise_multiplier=5.0",
+                 "--canaries", "1000", "--set", "data.num_patients=200", "--set", "data.public.num_patients=80",
+                 "--set", "train.dp.noise_multiplier=5.0",
                  "--out", str(tmp_path / "v"), "--json"])
     result = json.loads(capsys.readouterr().out)
     assert result["verdict"] == "violated" and code == 1
