@@ -106,7 +106,7 @@ def test_own_engine_on_the_demo_preset_is_consistent(tmp_path, capsys, epsilon):
     violated, and conclusive (the DP-SGD family test's ceiling is above the claim; it learns)."""
     code = main(["validate", "--trainer", "dpaudit.train:dpsgd", "--epsilon", str(epsilon), "--delta", "1e-5",
                  "--set", f"train.dp.target_epsilon={epsilon}", "--set", "train.steps=20",
-                 "--set", "train.batch_size=160", "--out", str(tmp_path / "v"), "--json"])  # the demo's DP models
+                 "--set", "train.batch_size=160", "--out", str(tmp_path / "v"), "--json"])  # the earlier demo's DP regime
     result = json.loads(capsys.readouterr().out)
     assert result["verdict"] == "consistent" and code == 0, result["reason"]
     assert result["ceiling"] > epsilon and result["epsilon_lower_bound"] <= epsilon
