@@ -3,6 +3,7 @@
     python benchmarks/bench_audit_power.py --run RUN [--run RUN ...] [--json]
     python benchmarks/bench_audit_power.py --seeds 3 --out DIR [--json]
     python benchmarks/bench_audit_power.py --run RUN --ladder-seeds 3 [--json]
+    python benchmarks/bench_audit_power.py --run RUN [--run RUN ...] --own-share 0.13
 
 Reads the ladder (``report.json``: ``models[i].rungs``) of finished ``dpaudit run``s, or first
 trains the default demo (``dpaudit run``, its ladder on) with the seeds 0 .. N-1 into
@@ -10,7 +11,8 @@ trains the default demo (``dpaudit run``, its ladder on) with the seeds 0 .. N-1
 range), its ratio to the accountant's epsilon and to the rung's own ideal (the median bound
 of the same tests on the ideal scores of the rung's regime, a perfect attack on a run that
 keeps the claim: ``dpaudit.audit.ladder``; the report's ``rungs[].ideal``), then the goals,
-each with the figures that meet it or not. ``--ladder-seeds K`` adds, for each ``--run``, K - 1
+each with the figures that meet it or not. ``--own-share S`` adds, for the released rung, a
+perfect attack on canaries that own only S of their squared gradient norm. ``--ladder-seeds K`` adds, for each ``--run``, K - 1
 copies of it (hard links, ``RUN-ladder-seed-S``) whose ladder alone is redone with seed S: the
 twins' training, their canaries and the gradient canaries' noise are drawn again, the released
 models are the run's own (their rung does not change).
@@ -88,15 +90,19 @@ def collect(runs: list[Path]) -> dict[str, dict]:
             if m["privacy"] != "dp" or m["error"]:
                 continue
             entry = models.setdefault(m["name"], {"epsilon": m["dp"]["epsilon"], "unit": m["dp"]["unit"],
-                                                  "verdicts": [], "rungs": {}})
+                                                  "verdicts": [], "rungs": {}, "canary_auc": [], "attacks": 0})
             entry["verdicts"].append(m["verdict"]["status"])
+            aucs = [a["auc"] for a in (m.get("canary_attacks") or {}).values() if a]
+            entry["canary_auc"].append(max(aucs, default=math.nan))
+            entry["attacks"] = len(aucs)
             for r in m.get("rungs", []):
-                cell = entry["rungs"].setdefault(r["rung"], {"bounds": [], "ideals": [], "refused": []})
+                cell = entry["rungs"].setdefault(r["rung"], {"bounds": [], "ideals": [], "refused": [], "rungs": []})
                 if r["epsilon"] is None:
                     cell["refused"].append(r["refused"])
                 else:
                     cell["bounds"].append(r["epsilon"])
                     cell["ideals"].append(r["ideal"])
+                    cell["rungs"].append(r)
     return models
 
 
@@ -104,6 +110,30 @@ def _spread(values: list[float]) -> str:
     if not values:
         return "—"
     return f"{np.median(values):.2f} [{min(values):.2f}, {max(values):.2f}]"
+
+
+def share_ideal(rung: dict, *, share: float, attacks: int, trials: int = 15) -> tuple[float, float]:
+    """(median bound, mean AUC) of the released rung's tests on ideal scores whose inclusions
+    each count ``sqrt(share)``: what a perfect attack shows when only ``share`` of a canary's
+    squared clipped-gradient norm is its own (its own rows'; ``bench_canary_levers.py`` prints
+    it) and the rest is lost to the pull of the other canaries (docs/ceilings.md)."""
+    from sklearn.metrics import roc_auc_score
+
+    from dpaudit.audit.canary_scores import CanaryScores
+    from dpaudit.audit.ladder import rung_bound
+
+    g = rung["regime"]
+    family = {"noise_multiplier": g["noise_multiplier"], "sample_rate": g["sample_rate"], "steps": g["steps"]}
+    rng, bounds, aucs = np.random.default_rng(0), [], []
+    for _ in range(trials):
+        member = rng.random(rung["num_canaries"]) < 0.5
+        k = rng.binomial(g["steps"], g["sample_rate"], size=member.size) * member
+        s = math.sqrt(share) * k + rng.normal(0.0, math.sqrt(g["steps"]) * g["noise_multiplier"], size=member.size)
+        aucs.append(roc_auc_score(member, s))
+        cs = CanaryScores(in_scores=s[member], out_scores=s[~member], seed=0)
+        bounds.append(rung_bound(cs, methods=("one_run", "claimed_curve"), **family, delta=g["delta"],
+                                 significance=rung["significance"] / max(1, attacks)).epsilon)
+    return float(np.median(bounds)), float(np.mean(aucs))
 
 
 def goals(models: dict[str, dict]) -> list[dict]:
@@ -143,6 +173,8 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, help="train the demo with this many seeds first")
     parser.add_argument("--out", type=Path, help="where --seeds trains (DIR/seed-K)")
     parser.add_argument("--ladder-seeds", type=int, help="redo each run's ladder with this many seeds in all")
+    parser.add_argument("--own-share", type=float, help="also compare the released rung with a perfect attack on "
+                        "canaries that own this share of their squared gradient norm (e.g. 0.13)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if args.seeds:
@@ -170,6 +202,18 @@ def main() -> None:
             ideal = float(np.median(c["ideals"])) if all(x for x in c["ideals"]) else math.nan
             print(f"{m:<16}{e['epsilon']:>8.2f}  {rung:<12}{_spread(c['bounds']):>24}{b / e['epsilon']:>10.2f}"
                   f"{_spread([x for x in c['ideals'] if x is not None]):>24}{b / ideal:>10.2f}")
+    if args.own_share:
+        print(f"\nreleased rung against a perfect attack (AUC: the best attack's on the canaries, median over the runs;"
+              f" ideal: every inclusion whole; own rows: {args.own_share:g} of the squared norm)")
+        for m, e in models.items():
+            c = e["rungs"].get("released")
+            if not c or not c["rungs"]:
+                continue
+            whole = [share_ideal(r, share=1.0, attacks=e["attacks"]) for r in c["rungs"]]
+            own = [share_ideal(r, share=args.own_share, attacks=e["attacks"]) for r in c["rungs"]]
+            print(f"  {m:<16} bound {_spread(c['bounds'])}, AUC {np.nanmedian(e['canary_auc']):.3f};"
+                  f" ideal {np.median([w[0] for w in whole]):.2f} (AUC {np.median([w[1] for w in whole]):.3f});"
+                  f" own rows {np.median([o[0] for o in own]):.2f} (AUC {np.median([o[1] for o in own]):.3f})")
     print("\ngoals:")
     for g in checked:
         values = ", ".join(f"{v:.2f}" for v in g["values"]) or "none"

@@ -233,7 +233,7 @@ class LadderConfig:
     ceiling simulation."""
 
     enabled: bool = False
-    input_space_canaries: int = 2048
+    input_space_canaries: int = 8192
     gradient_canaries: int = 1_000_000
     twin_patients: int = 10
     trials: int = 5

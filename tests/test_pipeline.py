@@ -135,8 +135,8 @@ def test_report_has_a_model_entry_per_model(tiny_run):
 
 
 def test_every_dp_model_has_its_ladder(tiny_run):
-    """The three rungs of each DP model, in order; the twins are a run of their own; the
-    white-box rung at the claimed noise stays below the claim and sees most of its ideal."""
+    """The three rungs of each DP model, in order; the twins are a run of their own, their
+    vocabulary grown by their canaries' tokens alone; the white-box rung at the claimed noise stays below the claim and sees most of its ideal."""
     from dpaudit.accounting import read_record
 
     report = {m["name"]: m for m in json.loads((tiny_run / "report.json").read_text())["models"]}
@@ -155,6 +155,10 @@ def test_every_dp_model_has_its_ladder(tiny_run):
         twin = tiny_run / "ladder" / "run" / "models" / name
         assert (twin / "gradient_canaries.npz").is_file() and (twin / "dp_event.json").is_file()
         assert [r["rung"] for r in report[name]["rungs"]] == list(rungs)
+    # the twins' canary set holds just the tokens of their 256 canaries, and so does their vocabulary
+    assert "pool_size: 512" in (tiny_run / "ladder" / "canaries.yaml").read_text()
+    vocab = {d: json.loads((tiny_run / d / "config.json").read_text())["vocab_size"] for d in ("base", "ladder/base")}
+    assert vocab["base"] <= vocab["ladder/base"] <= vocab["base"] + 512
     html = (tiny_run / "report.html").read_text()
     assert html.index('id="ladder"') < html.index('id="summary"')
 

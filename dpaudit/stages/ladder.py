@@ -7,10 +7,10 @@ jointly (:mod:`dpaudit.audit.ladder`):
 - ``released``: the model's own canaries, scored on the model (the attack stage's bounds);
 - ``input_space``: a twin of the model, trained by the model's own trainer with the same
   claim in ``dpaudit validate``'s isolated design: ``audit.ladder.input_space_canaries``
-  fresh-token canaries (``new_token_bare``), only the input embedding training (so only their
-  rows move; a tied output layer is untied and frozen), full batch (q = 1) for ``TWIN_STEPS``
-  steps, plain SGD at learning rate
-  0.01, from the run's base model grown by the canaries' tokens, on a corpus of
+  fresh-token canaries (``new_token_bare``, its pool sized to them), only the input embedding
+  training (so only their rows move; a tied output layer is untied and frozen), full batch
+  (q = 1) for ``TWIN_STEPS`` steps, plain SGD at learning rate 0.01, from the run's base model
+  grown by the canaries' tokens, on a corpus of
   ``audit.ladder.twin_patients`` patients (only the canaries matter); scored by the base-
   calibrated reference attack on the twin's final model;
 - ``white_box``: ``audit.ladder.gradient_canaries`` Dirac gradient canaries inside the twin's
@@ -95,14 +95,34 @@ def _reruns(trainer: str) -> bool:
 # --------------------------------------------------------------------------- the twins
 
 
-def _twin_base(rundir: RunDir, config: Config) -> Path | None:
+def _twin_canary_set(rundir: RunDir, config: Config) -> Path:
+    """``RUN/ladder/canaries.yaml``: the isolated set (``new_token_bare``) with a pool of just
+    the tokens the rung's ``input_space_canaries`` canaries use (each token in one canary), so
+    that the twins' vocabulary grows by what the rung needs at any m, and ``dpaudit validate``'s
+    set keeps its own pool."""
+    import yaml
+
+    from dpaudit.canaries import load_canary_spec
+    from dpaudit.stages.isolated import ISOLATED_CANARIES
+
+    spec = load_canary_spec(ISOLATED_CANARIES)
+    secret = spec["secret"]
+    spec = {**spec, "secret": {**secret, "pool_size": config.audit.ladder.input_space_canaries * secret["length"]}}
+    path = rundir.root / TWIN_DIR / "canaries.yaml"
+    text = yaml.safe_dump(spec, sort_keys=False)
+    if not path.is_file() or path.read_text(encoding="utf-8") != text:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    return path
+
+
+def _twin_base(rundir: RunDir, config: Config, canary_set: Path) -> Path | None:
     """``RUN/ladder/base``: the model every model of the run starts from, its embedding grown
-    by the isolated canaries' tokens (new rows drawn once, seeded), so that the twins start
+    by the tokens of ``canary_set`` (new rows drawn once, seeded), so that the twins start
     from it and the reference attack calibrates by it. None without a starting model."""
     from dpaudit.canaries import add_canary_tokens
     from dpaudit.data.tokenizer import load_tokenizer
     from dpaudit.models import load_model, save_model
-    from dpaudit.stages.isolated import ISOLATED_CANARIES
 
     out = rundir.root / TWIN_DIR / "base"
     if (out / "config.json").is_file():
@@ -114,7 +134,7 @@ def _twin_base(rundir: RunDir, config: Config) -> Path | None:
 
     trust = config.model.trust_remote_code
     tokenizer = load_tokenizer(start, trust_remote_code=trust)
-    add_canary_tokens(tokenizer, ISOLATED_CANARIES)
+    add_canary_tokens(tokenizer, str(canary_set))
     with staged_directory(out) as stage, torch.random.fork_rng():
         torch.manual_seed(config.seed)
         model = load_model(start, trust_remote_code=trust)
@@ -123,15 +143,15 @@ def _twin_base(rundir: RunDir, config: Config) -> Path | None:
     return out  # the twins' reference too (dpaudit.stages.attack.start_model finds it)
 
 
-def twin_config(config: Config, records: dict, *, base: Path, batch_sizes: dict[str, int]) -> Config:
+def twin_config(config: Config, records: dict, *, base: Path, canary_set: Path, batch_sizes: dict[str, int]) -> Config:
     """The run of the twins: for each DP model, its own trainer and claim (epsilon at its
-    delta, its unit) in the isolated design (the module docstring)."""
-    from dpaudit.stages.isolated import ISOLATED_CANARIES, ISOLATED_TRAINABLE, LINEAR_TRAIN
+    delta, its unit) in the isolated design (the module docstring), with ``canary_set``."""
+    from dpaudit.stages.isolated import ISOLATED_TRAINABLE, LINEAR_TRAIN
 
     lad = config.audit.ladder
     raw = config.to_dict()
     raw["data"]["num_patients"] = lad.twin_patients
-    raw["canaries"] = {"set": ISOLATED_CANARIES, "num": lad.input_space_canaries, "repetitions": 1,
+    raw["canaries"] = {"set": str(canary_set), "num": lad.input_space_canaries, "repetitions": 1,
                        "inclusion_prob": 0.5, "secrets": {"num": 0}}
     raw["model"].update(base_model=str(base), architecture=None, trainable=ISOLATED_TRAINABLE,
                         lora={"enabled": False})
@@ -156,14 +176,16 @@ def _train_twins(rundir: RunDir, config: Config, records: dict, *, run: Callable
     """Train (or resume) the twins in ``RUN/ladder/``; None without a base model to start from."""
     from dpaudit.stages.isolated import full_batch_size
 
-    base = _twin_base(rundir, config)
+    canary_set = _twin_canary_set(rundir, config)
+    base = _twin_base(rundir, config, canary_set)
     if base is None:
         return None
-    probe = twin_config(config, records, base=base, batch_sizes=dict.fromkeys(("example", "user"), 1))
+    probe = twin_config(config, records, base=base, canary_set=canary_set,
+                        batch_sizes=dict.fromkeys(("example", "user"), 1))
     sizes = {unit: full_batch_size(dataclasses.replace(probe, train=dataclasses.replace(
         probe.train, dp=dataclasses.replace(probe.train.dp, unit=unit))))
         for unit in sorted({r.unit for r in records.values()})}
-    twin = twin_config(config, records, base=base, batch_sizes={**dict.fromkeys(("example", "user"), 1), **sizes})
+    twin = twin_config(config, records, base=base, canary_set=canary_set, batch_sizes={**dict.fromkeys(("example", "user"), 1), **sizes})
     result = run(twin, out=rundir.root / TWIN_DIR / "run", until="attack")
     if result.failed:
         log.warning("twin runs failed: %s", "; ".join(f"{k}: {v}" for k, v in result.failed.items()))
@@ -255,8 +277,8 @@ def white_box_rung(twin: RunDir, config: Config, name: str, *, delta: float | No
     pre-registered by simulating the claim, refused when their inclusions do not follow the
     claimed sampler."""
     from dpaudit.audit import BonferroniStrategy, CanaryScores
-    from dpaudit.audit.ladder import choose_guess_fraction, ideal_bounds, rung_bound
     from dpaudit.audit.gradient_canaries import inclusion_check
+    from dpaudit.audit.ladder import choose_guess_fraction, ideal_bounds, rung_bound
     from dpaudit.stages.artifacts import read_gradient_canaries
 
     md = twin.model(name)
@@ -280,8 +302,8 @@ def white_box_rung(twin: RunDir, config: Config, name: str, *, delta: float | No
         return refused(f"the gradient canaries ran {canaries.steps} steps at q = {canaries.sample_rate:.4g}, the "
                        f"DP record claims {record.steps} at q = {record.sample_rate:.4g}: not the claimed mechanism")
     start = time.perf_counter()
-    sig, common = rung_significance(config), dict(noise_multiplier=record.noise_multiplier,
-                                                   sample_rate=record.sample_rate, steps=record.steps)
+    sig = rung_significance(config)
+    common = {"noise_multiplier": record.noise_multiplier, "sample_rate": record.sample_rate, "steps": record.steps}
     delta = record.delta if delta is None else delta
     g = choose_guess_fraction(**common, num_canaries=m, delta=delta, significance=sig, seed=config.seed)
     strategy = BonferroniStrategy(grid=(g,))
