@@ -12,10 +12,10 @@ range), its ratio to the accountant's epsilon and to the rung's own ideal (the m
 of the same tests on the ideal scores of the rung's regime, a perfect attack on a run that
 keeps the claim: ``dpaudit.audit.ladder``; the report's ``rungs[].ideal``), then the goals,
 each with the figures that meet it or not. ``--own-share S`` adds, for the released rung, a
-perfect attack on canaries that own only S of their squared gradient norm. ``--ladder-seeds K`` adds, for each ``--run``, K - 1
-copies of it (hard links, ``RUN-ladder-seed-S``) whose ladder alone is redone with seed S: the
-twins' training, their canaries and the gradient canaries' noise are drawn again, the released
-models are the run's own (their rung does not change).
+perfect attack on canaries that own only S of their squared gradient norm. ``--ladder-seeds K``
+adds, for each ``--run``, K - 1 copies of it (hard links, ``RUN-ladder-seed-S``) whose ladder
+alone is redone with seed S: the twins' training, their canaries and the gradient canaries'
+noise are drawn again, the released models are the run's own (their rung does not change).
 
 The goals:
 
