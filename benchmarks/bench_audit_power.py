@@ -116,7 +116,7 @@ def share_ideal(rung: dict, *, share: float, attacks: int, trials: int = 15) -> 
     """(median bound, mean AUC) of the released rung's tests on ideal scores whose inclusions
     each count ``sqrt(share)``: what a perfect attack shows when only ``share`` of a canary's
     squared clipped-gradient norm is its own (its own rows'; ``bench_canary_levers.py`` prints
-    it) and the rest is lost to the pull of the other canaries (docs/ceilings.md)."""
+    it) and the rest, on the shared weights, tells nothing (docs/ceilings.md)."""
     from sklearn.metrics import roc_auc_score
 
     from dpaudit.audit.canary_scores import CanaryScores
