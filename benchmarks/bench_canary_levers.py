@@ -30,7 +30,9 @@ isolated designs, where only the input embedding trains (``model.trainable``):
 ``isolated_q1`` (the same at full batch, q = 1, 10 steps) and ``isolated_q1_m2000`` (2,000
 canaries of 2 tokens, the ``new_token_bare`` set, at full batch); and ``pairs``
 (the demo's ``new_token_pairs`` canaries in its full fine-tune: every parameter trains; on a
-run prepared with them, as the demo is).
+run prepared with them, as the demo is), ``pairs_redrawn`` (the same, with the canary tokens'
+rows drawn afresh from the normal law of the other rows' mean and covariance) and
+``pairs_sgd1``, ``pairs_sgd3`` (the same, trained by plain SGD at learning rate 1 and 3).
 
 Besides the five scores, two black-box ones: ``secret contrast``, a canary's secret-token
 log-probabilities minus the mean log-probability of the whole new-token pool at the same
@@ -70,6 +72,9 @@ LEVERS = {
     "isolated_q1_m2000": {"distinct": True, "bare": True, "trainable": "input_embeddings", "q": 1.0, "steps": 10,
                           "num": 2000, "length": 2},
     "pairs": {"set": "new_token_pairs", "distinct": True},
+    "pairs_redrawn": {"set": "new_token_pairs", "distinct": True, "redrawn": True},
+    "pairs_sgd1": {"set": "new_token_pairs", "distinct": True, "optimizer": "sgd", "lr": 1.0},
+    "pairs_sgd3": {"set": "new_token_pairs", "distinct": True, "optimizer": "sgd", "lr": 3.0},
 }
 
 
@@ -155,6 +160,26 @@ def equalized_base(rundir, tokenizer, spec, out: Path) -> Path:
     return out
 
 
+def redrawn_base(rundir, tokenizer, spec, out: Path, *, seed: int) -> Path:
+    """A copy of the base whose new-token rows are drawn afresh from the normal law with the
+    mean and covariance of the other rows (what ``resize_token_embeddings`` does for tokens
+    added after training): pretraining, which never sees them, pushes them all one way."""
+    from dpaudit.canaries import new_tokens
+    from dpaudit.models import load_model, save_model
+
+    model = load_model(rundir.base_dir)
+    ids = torch.tensor(tokenizer.convert_tokens_to_ids(new_tokens(spec)))
+    with torch.no_grad():
+        w = model.get_input_embeddings().weight
+        old = w[torch.ones(len(w), dtype=torch.bool).index_fill_(0, ids, False)]
+        law = torch.distributions.MultivariateNormal(old.mean(0), covariance_matrix=torch.cov(old.T)
+                                                     + 1e-6 * torch.eye(w.shape[1]))
+        torch.manual_seed(seed)
+        w[ids] = law.sample((len(ids),))
+    save_model(model, tokenizer, out)
+    return out
+
+
 def measure(rundir, *, lever: dict, num: int, epsilon: float, seed: int, work: Path, model: str | None = None) -> dict:
     import datasets
 
@@ -174,7 +199,8 @@ def measure(rundir, *, lever: dict, num: int, epsilon: float, seed: int, work: P
                                 bare=lever.get("bare", False), name=lever.get("set"))
     embedding_only = lever.get("trainable") == "input_embeddings"
     included = np.array([c.included for c in canaries])
-    base_dir = equalized_base(rundir, tok, spec, work / "base") if lever.get("same_init") else rundir.base_dir
+    base_dir = (equalized_base(rundir, tok, spec, work / "base") if lever.get("same_init")
+                else redrawn_base(rundir, tok, spec, work / "base", seed=seed) if lever.get("redrawn") else rundir.base_dir)
     base = load_model(base_dir)
     pool_ids = tok.convert_tokens_to_ids(new_tokens(spec))
     missing = sum(i is None or i == tok.unk_token_id for i in pool_ids)
@@ -207,6 +233,7 @@ def measure(rundir, *, lever: dict, num: int, epsilon: float, seed: int, work: P
         cfg = dataclasses.replace(base_cfg, model=dataclasses.replace(base_cfg.model, base_model=str(base_dir),
                                                                       trainable=lever.get("trainable", "all")),
                                   train=dataclasses.replace(base_cfg.train, lr=lever.get("lr", base_cfg.train.lr),
+                                                            optimizer=lever.get("optimizer", base_cfg.train.optimizer),
                                                             dp=dp, batch_size=batch, eval_every=10**9,
                                                             steps=lever.get("steps", base_cfg.train.steps)))
         trained = TrainingRecord()
