@@ -32,7 +32,8 @@ canaries of 2 tokens, the ``new_token_bare`` set, at full batch); and ``pairs``
 (the demo's ``new_token_pairs`` canaries in its full fine-tune: every parameter trains; on a
 run prepared with them, as the demo is), ``pairs_redrawn`` (the same, with the canary tokens'
 rows drawn afresh from the normal law of the other rows' mean and covariance) and
-``pairs_sgd1``, ``pairs_sgd3`` (the same, trained by plain SGD at learning rate 1 and 3).
+``pairs_sgd1``, ``pairs_sgd3`` (the same, trained by plain SGD at learning rate 1 and 3),
+``pairs500`` and ``quads500`` (500 canaries of two and of four new tokens).
 
 Besides the five scores, two black-box ones: ``secret contrast``, a canary's secret-token
 log-probabilities minus the mean log-probability of the whole new-token pool at the same
@@ -75,6 +76,8 @@ LEVERS = {
     "pairs_redrawn": {"set": "new_token_pairs", "distinct": True, "redrawn": True},
     "pairs_sgd1": {"set": "new_token_pairs", "distinct": True, "optimizer": "sgd", "lr": 1.0},
     "pairs_sgd3": {"set": "new_token_pairs", "distinct": True, "optimizer": "sgd", "lr": 3.0},
+    "pairs500": {"set": "new_token_pairs", "distinct": True, "num": 500},
+    "quads500": {"set": "new_token_pairs", "distinct": True, "num": 500, "length": 4},
 }
 
 
