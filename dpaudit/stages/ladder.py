@@ -237,7 +237,8 @@ def canary_rung(rung: str, *, bound, attack: str | None, attacks: int, record, c
                 regime=regime, cost_s=cost_s)
 
 
-def _train_seconds(md) -> float | None:
+def train_seconds(md) -> float | None:
+    """Seconds the model of ``md`` took to train, from its training log (None without one)."""
     log_ = md.read_train_log()
     return log_[-1].get("elapsed_s") if log_ else None
 
@@ -248,7 +249,7 @@ def released_rung(rundir: RunDir, config: Config, name: str, record) -> Rung:
     md = rundir.model(name)
     attack, bound, attacks = _best_canary_bound(md)
     return canary_rung("released", bound=bound, attack=attack, attacks=attacks, record=record, config=config,
-                       num_canaries=config.canaries.num, cost_s=_train_seconds(md),
+                       num_canaries=config.canaries.num, cost_s=train_seconds(md),
                        refused="no sound canary bound (the attack stage wrote none)")
 
 
@@ -267,7 +268,7 @@ def input_space_rung(twin: RunDir, config: Config, name: str) -> Rung:
     md = twin.model(name)
     attack, bound, attacks = _best_canary_bound(md)
     return canary_rung("input_space", bound=bound, attack=attack, attacks=attacks, record=read_dp_record(md),
-                       config=config, num_canaries=config.canaries.num, cost_s=_train_seconds(md),
+                       config=config, num_canaries=config.canaries.num, cost_s=train_seconds(md),
                        refused="no sound canary bound on the twin")
 
 

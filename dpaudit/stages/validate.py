@@ -121,7 +121,7 @@ def verdict_of(rundir: RunDir, *, epsilon: float, delta: float) -> dict[str, Any
     sampler checks): two rungs of the threat-model ladder, each at half the significance."""
     from dpaudit.audit import CanaryScores, Claim, assess, claimed_curve_bound, learned
     from dpaudit.stages.attack import claimed_family
-    from dpaudit.stages.ladder import canary_rung, white_box_rung
+    from dpaudit.stages.ladder import canary_rung, train_seconds, white_box_rung
 
     md = rundir.model(MODEL)
     results = md.read_results()
@@ -141,7 +141,7 @@ def verdict_of(rundir: RunDir, *, epsilon: float, delta: float) -> dict[str, Any
             bounds.append((name, claimed_curve_bound(cs, **family, delta=delta, significance=significance)))
     attack, best = max(((a, b) for a, b in bounds), key=lambda t: t[1].epsilon, default=(None, None))
     rungs = [canary_rung("input_space", bound=best, attack=attack, attacks=len(results), record=record,
-                         config=config, num_canaries=config.canaries.num, cost_s=None,
+                         config=config, num_canaries=config.canaries.num, cost_s=train_seconds(md),
                          refused="no canary scores"),
              white_box_rung(rundir, config, MODEL, delta=delta)]
     if rungs[1].bound is not None:
