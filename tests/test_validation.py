@@ -57,7 +57,7 @@ def test_readme_example_on_tiny_is_inconclusive(tmp_path, capsys):
     assert set(result) == {"verdict", "reason", "epsilon_lower_bound", "method", "significance", "num_canaries",
                            "num_guesses", "num_correct", "claimed_epsilon", "delta", "ceiling", "rungs"}
     assert [r["rung"] for r in result["rungs"]] == ["input_space", "white_box"]
-    assert all(r["cost_s"] > 0 for r in result["rungs"])  # the trainer's run; the gradient canaries' share
+    assert all(r["cost_s"] > 0 for r in result["rungs"])  # the trainer's run; the white-box scoring and its ideal
     # validate runs the stages up to the attack: no extraction, no report
     model = tmp_path / "v" / "models" / "validate"
     assert (model / "results").is_dir() and not (model / "extraction.json").exists()
