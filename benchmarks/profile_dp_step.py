@@ -1,6 +1,7 @@
 """Where a DP-SGD step's time goes beyond a non-private step's, operator by operator.
 
     OMP_NUM_THREADS=1 python benchmarks/profile_dp_step.py [--size small] [--batch 16] [--steps 6]
+    OMP_NUM_THREADS=1 python benchmarks/profile_dp_step.py --floor [--rounds 15]
 
 Profiles (``torch.profiler``, CPU self time) the bench's workload (:mod:`dpaudit.bench.workload`:
 a GPT-2-style model of ``--size``, ``--batch`` random sequences of 128 tokens) under the
@@ -11,18 +12,39 @@ The DP step's own work shows as the per-example products (``aten::bmm``) in plac
 weight gradients' ``aten::mm``, the per-example norms (``aten::linalg_vector_norm``), the noise
 (``aten::normal_``) and the LayerNorm closed form. Book-keeping ghost clipping: Bu et al. 2023,
 arXiv 2210.00038.
+
+With ``--floor``, the least an exact per-example clipped step can cost over the non-private
+step on this machine with torch's kernels. It records the factors of every per-example product
+(``bmm``) and the noise of one DP step, then times alone, layer by layer and in interleaved
+rounds with both steps, what each design must do:
+
+- materialized (this engine at 128 tokens): the per-example products, in the faster of their
+  two orientations, less the weight gradients they replace (the same factors as one product
+  over all tokens, in the slower orientation), then one norm pass and one clip-weighted pass
+  over the per-example gradients;
+- ghost norms (Li et al. 2021, arXiv 2110.05679): the two T x T Gram matrices of each layer
+  and their inner product (the clipped sum by book-keeping replaces the weight gradient);
+- the cheaper of the two per layer (mixed ghost clipping, Bu et al. 2022, arXiv 2205.10683);
+- norms from products kept in cache, never written: then the clipped sum is a second weight
+  gradient, at least the weight gradients again;
+
+each plus the noise. Every part runs at its best case, its inputs warm; the LayerNorm closed
+form, the bias sums and the tied embedding's rows count as free: each floor is a lower bound.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
+import time
 
 import torch
 from torch.profiler import ProfilerActivity, profile
+from torch.utils._python_dispatch import TorchDispatchMode
 
 
-def self_times(name: str, *, size: str, batch: int, steps: int, warmup: int = 3) -> dict[str, float]:
-    """Milliseconds of CPU self time per step, by operator, of engine ``name``."""
+def stepper(name: str, *, size: str, batch: int):
+    """One engine + AdamW step of engine ``name`` on the bench's workload, and the engine."""
     from dpaudit.bench import workload
     from dpaudit.bench.engines import engine_factories, make_engine
 
@@ -39,6 +61,12 @@ def self_times(name: str, *, size: str, batch: int, steps: int, warmup: int = 3)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
+    return step, engine
+
+
+def self_times(name: str, *, size: str, batch: int, steps: int, warmup: int = 3) -> dict[str, float]:
+    """Milliseconds of CPU self time per step, by operator, of engine ``name``."""
+    step, engine = stepper(name, size=size, batch=batch)
     try:
         for _ in range(warmup):
             step()
@@ -51,14 +79,120 @@ def self_times(name: str, *, size: str, batch: int, steps: int, warmup: int = 3)
     return {event.key: event.self_cpu_time_total / steps / 1000 for event in prof.key_averages()}
 
 
+class _Record(TorchDispatchMode):
+    """Copies of the factors of every per-example product of a step, and the sizes of its
+    noise draws (``randn`` and ``normal_``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.products: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.noise: list[int] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        aten = torch.ops.aten
+        if func is aten.bmm.default:
+            self.products.append((args[0].clone(), args[1].clone()))
+        elif func is aten.normal_.default:
+            self.noise.append(args[0].numel())
+        elif func is aten.randn.generator:
+            self.noise.append(torch.Size(args[0]).numel())
+        return func(*args, **(kwargs or {}))
+
+
+def _ops(a: torch.Tensor, b: torch.Tensor, clip: torch.Tensor) -> dict[str, list]:
+    """What each design does with one layer's factors, a (B, R, T) and b (B, T, C): the
+    per-example products (both orientations), the weight gradient they replace (one product
+    over the B T tokens, both orientations), one norm pass and one clip-weighted pass over the
+    products, and the ghost norm's two T x T Gram matrices and their inner product."""
+    batch = a.shape[0]
+    out = torch.bmm(a, b)
+    flat_a, flat_b = a.transpose(0, 1).reshape(a.shape[1], -1), b.reshape(-1, b.shape[2])
+    return {
+        "products": [lambda: torch.bmm(a, b), lambda: torch.bmm(b.transpose(1, 2), a.transpose(1, 2))],
+        "weight gradients": [lambda: torch.mm(flat_a, flat_b), lambda: torch.mm(flat_b.t(), flat_a.t())],
+        "norms": [lambda: torch.linalg.vector_norm(out.reshape(batch, -1), dim=1)],
+        "clipped sum": [lambda: clip @ out.reshape(batch, -1)],
+        "Gram matrices": [lambda: (torch.bmm(a.transpose(1, 2), a) * torch.bmm(b, b.transpose(1, 2))).sum((1, 2))],
+    }
+
+
+def floor(*, size: str, batch: int, rounds: int) -> dict[str, float]:
+    """Median CPU milliseconds of the non-private and DP steps and of each design's necessary
+    extra work timed alone (module docstring), in ``rounds`` interleaved rounds, and the floors."""
+    nonprivate, np_engine = stepper("nonprivate", size=size, batch=batch)
+    dp, dp_engine = stepper("dpsgd", size=size, batch=batch)
+    try:
+        dp()
+        record = _Record()
+        with record:
+            dp()
+        if not record.products:
+            raise SystemExit("the DP step made no per-example products: nothing to floor")
+        clip = torch.rand(batch)
+        layers = [_ops(a, b, clip) for a, b in record.products]
+        noise = [torch.empty(n) for n in record.noise]
+        steps = {"non-private step": nonprivate, "DP step": dp, "noise": lambda: [x.normal_() for x in noise]}
+        times: dict[tuple, list[float]] = {}
+
+        def timed(key: tuple, run) -> None:
+            start = time.process_time()
+            run()
+            times.setdefault(key, []).append(1000 * (time.process_time() - start))
+
+        for warm in (True,) + (False,) * rounds:
+            for name, run in steps.items():
+                timed((name,), run)
+            for i, ops in enumerate(layers):
+                for part, runs in ops.items():
+                    for k, run in enumerate(runs):
+                        timed((part, i, k), run)
+            if warm:
+                times.clear()
+    finally:
+        for engine in (np_engine, dp_engine):
+            if hasattr(engine, "close"):
+                engine.close()
+    med = {key: statistics.median(t) for key, t in times.items()}
+    ms = {name: med[(name,)] for name in steps}
+    ms["ratio"] = statistics.median(d / n for d, n in zip(times[("DP step",)], times[("non-private step",)]))
+    # per layer, each part at its best case: the products in their faster orientation, the
+    # weight gradients they replace in their slower one
+    part = {name: [(min if name != "weight gradients" else max)(med[(name, i, k)] for k in range(len(ops[name])))
+                   for i, ops in enumerate(layers)] for name in layers[0]}
+    for name, values in part.items():
+        ms[name] = sum(values)
+    materialize = [p - w + n + c for p, w, n, c in zip(part["products"], part["weight gradients"], part["norms"],
+                                                       part["clipped sum"])]
+    extra = {
+        "materialized": sum(materialize),
+        "ghost norms": sum(part["Gram matrices"]),
+        "the cheaper per layer": sum(min(m, g) for m, g in zip(materialize, part["Gram matrices"])),
+        # norms from products kept in cache, then the clipped sum as the weight gradient: at
+        # least the products again, each no faster than the long product it mimics
+        "products kept in cache": ms["weight gradients"],
+    }
+    for design, value in extra.items():
+        ms[f"floor, {design}"] = 1 + (value + ms["noise"]) / ms["non-private step"]
+    ms["floor"] = min(ms[f"floor, {design}"] for design in extra)
+    ms["per-example MB"] = sum(batch * a.shape[1] * b.shape[2] for a, b in record.products) * 4 / 1e6
+    return ms
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", default="small")
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--top", type=int, default=12)
+    parser.add_argument("--floor", action="store_true", help="the least the DP step can cost here (docstring)")
+    parser.add_argument("--rounds", type=int, default=15, help="with --floor: interleaved rounds")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.floor:
+        ms = floor(size=args.size, batch=args.batch, rounds=args.rounds)
+        for name, value in ms.items():
+            print(f"{name:<32} {value:>9.3f}")
+        return
     times = {name: self_times(name, size=args.size, batch=args.batch, steps=args.steps) for name in ("nonprivate", "dpsgd")}
     total = {name: sum(t.values()) for name, t in times.items()}
     print(f"ms per step: non-private {total['nonprivate']:.1f}, DP-SGD {total['dpsgd']:.1f}, "

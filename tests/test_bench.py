@@ -185,3 +185,26 @@ def test_bench_json_has_every_key(monkeypatch, capsys):
     floor = result["details"]["nonprivate_over_opacus"]
     assert floor is None if result["dp_step_over_opacus"] is None else floor > 0
     torch.set_num_threads(1)
+
+
+def test_dp_step_floor_times_the_step_own_per_example_work():
+    """benchmarks/profile_dp_step.py --floor: it records the DP step's per-example products (one
+    per use of a dense weight: 4 per block and the output layer) and noise, and times each
+    design's work on them."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "profile_dp_step.py"
+    spec = importlib.util.spec_from_file_location("profile_dp_step", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    ms = script.floor(size="tiny", batch=2, rounds=1)
+    model = bench.build_model("tiny")
+    dense = [m.weight for m in model.modules() if type(m).__name__ == "Conv1D"] + [model.lm_head.weight]
+    assert len(dense) == 2 * 4 + 1
+    assert ms["per-example MB"] == pytest.approx(2 * sum(w.numel() for w in dense) * 4 / 1e6)
+    assert all(ms[part] > 0 for part in ("non-private step", "DP step", "products", "weight gradients", "norms",
+                                         "clipped sum", "Gram matrices", "noise"))
+    designs = [ms[key] for key in ms if key.startswith("floor, ")]
+    assert len(designs) == 4 and ms["floor"] == min(designs) <= ms["floor, materialized"]
+    assert ms["floor, ghost norms"] == pytest.approx(1 + (ms["Gram matrices"] + ms["noise"]) / ms["non-private step"])
