@@ -187,7 +187,7 @@ def test_bench_json_has_every_key(monkeypatch, capsys):
     torch.set_num_threads(1)
 
 
-def test_dp_step_floor_times_the_step_own_per_example_work():
+def test_dp_step_floor_records_and_times_the_per_example_work():
     """benchmarks/profile_dp_step.py --floor: it records the DP step's per-example products (one
     per use of a dense weight: 4 per block and the output layer) and noise, and times each
     design's work on them."""
