@@ -167,8 +167,8 @@ def floor(*, size: str, batch: int, rounds: int) -> dict[str, float]:
         "materialized": sum(materialize),
         "ghost norms": sum(part["Gram matrices"]),
         "the cheaper per layer": sum(min(m, g) for m, g in zip(materialize, part["Gram matrices"])),
-        # norms from products kept in cache, then the clipped sum as the weight gradient: at
-        # least the products again, each no faster than the long product it mimics
+        # norms from products kept in cache (the clipped sum then takes the weight gradient's
+        # place): the products, no faster than the weight gradients of the same flops
         "products kept in cache": ms["weight gradients"],
     }
     for design, value in extra.items():
