@@ -25,8 +25,8 @@ rounds with both steps, what each design must do:
 - ghost norms (Li et al. 2021, arXiv 2110.05679): the two T x T Gram matrices of each layer
   and their inner product (the clipped sum by book-keeping replaces the weight gradient);
 - the cheaper of the two per layer (mixed ghost clipping, Bu et al. 2022, arXiv 2205.10683);
-- norms from products kept in cache, never written: then the clipped sum is a second weight
-  gradient, at least the weight gradients again;
+- norms from products kept in cache, never written: the products, no faster than the weight
+  gradients of the same flops (the clipped sum by book-keeping replaces the weight gradient);
 
 each plus the noise. Every part runs at its best case, its inputs warm; the LayerNorm closed
 form, the bias sums and the tied embedding's rows count as free: each floor is a lower bound.
@@ -35,19 +35,18 @@ form, the bias sums and the tied embedding's rows count as free: each floor is a
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from dpaudit.bench import workload
+from dpaudit.bench.engines import engine_factories, make_engine
+from dpaudit.bench.timing import clock, medians, paired_ratio
+
 
 def stepper(name: str, *, size: str, batch: int):
     """One engine + AdamW step of engine ``name`` on the bench's workload, and the engine."""
-    from dpaudit.bench import workload
-    from dpaudit.bench.engines import engine_factories, make_engine
-
     model = workload.build_model(size)
     units = workload.random_units(batch)
     factories, _ = engine_factories(opacus=False)
@@ -133,11 +132,12 @@ def floor(*, size: str, batch: int, rounds: int) -> dict[str, float]:
         noise = [torch.empty(n) for n in record.noise]
         steps = {"non-private step": nonprivate, "DP step": dp, "noise": lambda: [x.normal_() for x in noise]}
         times: dict[tuple, list[float]] = {}
+        now = clock(torch.device("cpu"))
 
         def timed(key: tuple, run) -> None:
-            start = time.process_time()
+            start = now()
             run()
-            times.setdefault(key, []).append(1000 * (time.process_time() - start))
+            times.setdefault(key, []).append(1000 * (now() - start))
 
         for warm in (True,) + (False,) * rounds:
             for name, run in steps.items():
@@ -152,9 +152,9 @@ def floor(*, size: str, batch: int, rounds: int) -> dict[str, float]:
         for engine in (np_engine, dp_engine):
             if hasattr(engine, "close"):
                 engine.close()
-    med = {key: statistics.median(t) for key, t in times.items()}
+    med = medians(times)
     ms = {name: med[(name,)] for name in steps}
-    ms["ratio"] = statistics.median(d / n for d, n in zip(times[("DP step",)], times[("non-private step",)]))
+    ms["ratio"] = paired_ratio(times, ("DP step",), ("non-private step",))
     # per layer, each part at its best case: the products in their faster orientation, the
     # weight gradients they replace in their slower one
     part = {name: [(min if name != "weight gradients" else max)(med[(name, i, k)] for k in range(len(ops[name])))
