@@ -19,12 +19,12 @@ import dpaudit.audit.bounds as _b
 from dpaudit.audit._validation import _check_count, _check_delta, _check_significance
 from dpaudit.audit.canary_scores import CanaryScores
 from dpaudit.audit.catalog import get_bound
-from dpaudit.audit.claimed_curve import claimed_curve_bound
+from dpaudit.audit.claimed_curve import claimed_curve_bound, exceeds_claim
 from dpaudit.audit.selection import possible_guess_pairs
 from dpaudit.audit.strategy import DEFAULT_FPR_GRID, DEFAULT_STRATEGY, Strategy, fpr_level_count
 from dpaudit.errors import InputError
 
-__all__ = ["CeilingRow", "ceiling_table", "claimed_curve_ceiling", "format_ceiling_table", "one_run_ceiling"]
+__all__ = ["CeilingRow", "ceiling_table", "claimed_curve_can_violate", "claimed_curve_ceiling", "format_ceiling_table", "one_run_ceiling"]
 
 
 @dataclass(frozen=True)
@@ -173,7 +173,23 @@ def claimed_curve_ceiling(
     m = _check_count("num_canaries", num_canaries)
     if m < 2:
         raise InputError("num_canaries must be at least 2")
-    n_in = (m + 1) // 2
-    perfect = CanaryScores(in_scores=np.ones(n_in), out_scores=np.zeros(m - n_in), seed=0)
-    return claimed_curve_bound(perfect, noise_multiplier=noise_multiplier, sample_rate=sample_rate, steps=steps,
+    return claimed_curve_bound(_perfect(m), noise_multiplier=noise_multiplier, sample_rate=sample_rate, steps=steps,
                                delta=delta, significance=significance, strategy=strategy).epsilon
+
+
+def claimed_curve_can_violate(*, num_canaries: int, noise_multiplier: float, sample_rate: float, steps: int,
+                              delta: float, significance: float, strategy: Strategy | None = None) -> bool:
+    """Whether :func:`claimed_curve_ceiling` is above the claim's epsilon, i.e. whether m
+    canaries could ever show this claim violated (:func:`dpaudit.audit.claimed_curve.exceeds_claim`
+    on perfectly separated scores; two curves, no search)."""
+    m = _check_count("num_canaries", num_canaries)
+    if m < 2:
+        raise InputError("num_canaries must be at least 2")
+    return exceeds_claim(_perfect(m), noise_multiplier=noise_multiplier, sample_rate=sample_rate, steps=steps,
+                         delta=delta, significance=significance, strategy=strategy)
+
+
+def _perfect(m: int) -> CanaryScores:
+    """Perfectly separated, balanced scores: every guess right."""
+    n_in = (m + 1) // 2
+    return CanaryScores(in_scores=np.ones(n_in), out_scores=np.zeros(m - n_in), seed=0)

@@ -165,14 +165,8 @@ def claimed_curve_bound(
     significance = _check_significance(significance)
     strategy = DEFAULT_STRATEGY if strategy is None else strategy
 
-    sel = select_guesses(strategy, in_scores=scores.in_scores, out_scores=scores.out_scores,
-                         tie_break_seed=scores.seed, significance=significance, chooser=_mu_proxy, chooser_name="mu")
+    sel, counts, rejecting = _candidates(scores, strategy, significance)
     m, per_test = sel.ranking.m, sel.significance_per_test
-    counts = [(kp, km, sel.ranking.correct(kp, km)) for kp, km in sel.pairs]
-
-    def rejecting(blow_up_inverse) -> list[int]:
-        return [j for j, (kp, km, v) in enumerate(counts) if _fdp_rejects_with(m, kp + km, v, blow_up_inverse, per_test)]
-
     claim_eps = _accountant_epsilon(sigma, q, steps, delta)
     found = _search_sigma(rejecting, sigma=sigma, q=q, steps=steps, delta=delta)
     rejects_claim = bool(found.claim_rejected)
@@ -204,6 +198,37 @@ def claimed_curve_bound(
         "claimed_curve", float(eps), delta, significance, int(m), int(kp + km), int(v), strategy.describe(),
         details, True,
     )
+
+
+def _candidates(scores: CanaryScores, strategy, significance: float):
+    """The strategy's selection on ``scores``, its (k+, k-, correct) candidates, and
+    ``rejecting(blow_up_inverse)``: the indices of the candidates that reject a curve."""
+    sel = select_guesses(strategy, in_scores=scores.in_scores, out_scores=scores.out_scores,
+                         tie_break_seed=scores.seed, significance=significance, chooser=_mu_proxy, chooser_name="mu")
+    m, per_test = sel.ranking.m, sel.significance_per_test
+    counts = [(kp, km, sel.ranking.correct(kp, km)) for kp, km in sel.pairs]
+
+    def rejecting(blow_up_inverse) -> list[int]:
+        return [j for j, (kp, km, v) in enumerate(counts) if _fdp_rejects_with(m, kp + km, v, blow_up_inverse, per_test)]
+
+    return sel, counts, rejecting
+
+
+def exceeds_claim(scores: CanaryScores, *, noise_multiplier: float, sample_rate: float, steps: int, delta: float,
+                  significance: float = 0.05, strategy=None) -> bool:
+    """Whether :func:`claimed_curve_bound` on ``scores`` reports more than the claim's
+    epsilon, without its search: the claim and sigma' = sigma * 2^-r (r the search's
+    resolution, the largest sigma' below sigma it tests) are both rejected, and that
+    sigma' has the larger accountant epsilon. Rejection is monotone in sigma', so this is
+    the bound's own answer, up to a tie of the accountant's discretised epsilons (where it
+    says no). Two curves instead of the search's dozen."""
+    sigma, q, steps, delta = _check_family(noise_multiplier, sample_rate, steps, delta)
+    significance = _check_significance(significance)
+    _, _, rejecting = _candidates(scores, DEFAULT_STRATEGY if strategy is None else strategy, significance)
+    below = sigma * 2.0**-_U_RESOLUTION
+    return (bool(rejecting(_dpsgd_curve(sigma, q, steps, CURVE_DISCRETIZATION)._blow_up_inverse_scalar))
+            and bool(rejecting(_dpsgd_curve(below, q, steps, CURVE_DISCRETIZATION)._blow_up_inverse_scalar))
+            and _accountant_epsilon(below, q, steps, delta) > _accountant_epsilon(sigma, q, steps, delta))
 
 
 @dataclass(frozen=True)

@@ -163,11 +163,9 @@ def choose_guess_fraction(*, noise_multiplier: float, sample_rate: float, steps:
     bound (the claim is then untestable with m canaries, and the verdict says so). The
     choice depends on the claim alone, never on observed scores, so a test at it needs no
     correction for it."""
-    from dpaudit.accounting import epsilon
-    from dpaudit.audit.ceilings import claimed_curve_ceiling
+    from dpaudit.audit.ceilings import claimed_curve_can_violate
 
     family = dict(noise_multiplier=noise_multiplier, sample_rate=sample_rate, steps=steps)
-    claim = epsilon(**family, delta=delta)
     found: list[tuple[bool, float, float]] = []
     for g in grid:
         if max(1, round(g * num_canaries)) < 2:
@@ -175,9 +173,9 @@ def choose_guess_fraction(*, noise_multiplier: float, sample_rate: float, steps:
         strategy = BonferroniStrategy(grid=(g,))
         (value,) = ideal_bounds(**family, num_canaries=num_canaries, delta=delta, significance=significance,
                                 methods=("claimed_curve",), strategy=strategy, trials=1, seed=seed)
-        ceiling = claimed_curve_ceiling(**family, num_canaries=num_canaries, delta=delta, significance=significance,
-                                        strategy=strategy)
-        found.append((ceiling > claim, value, g))
+        testable = claimed_curve_can_violate(**family, num_canaries=num_canaries, delta=delta,
+                                             significance=significance, strategy=strategy)
+        found.append((testable, value, g))
     if not found:
         raise InputError(f"{num_canaries} canaries are too few for a white-box rung")
     return max(found)[2]

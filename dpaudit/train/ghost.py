@@ -57,6 +57,7 @@ the autocast dtype, and products of Grams, norms and the summed gradient in floa
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -553,14 +554,30 @@ class GhostClippingEngine(DPSGDEngine):
         return out
 
 
+# the methods that compute per-unit gradients and their clipped sum: an engine that overrides
+# none of them changes only what comes after (clip factors, noise, divisor, the step's loop)
+GRADIENT_PATH = ("summed_gradients", "_summed", "per_example_gradients", "clipped_sum")
+
+
 def choose_engine(engine_class: type, choice: str) -> tuple[type, dict[str, Any]]:
     """The engine class for ``train.dp.engine`` and its extra keyword arguments: ``auto``
     (ghost clipping, falling back to vmap on a model it does not cover), ``ghost`` (ghost
-    clipping or an error) or ``vmap`` (per-example gradients from ``torch.func``). Only the
-    plain :class:`~dpaudit.train.engine.DPSGDEngine` is replaced: an engine that overrides its
-    steps (the faulty trainers) or another library's (Opacus) stays as it is."""
+    clipping or an error) or ``vmap`` (per-example gradients from ``torch.func``). A subclass
+    of :class:`~dpaudit.train.engine.DPSGDEngine` that overrides none of
+    :data:`GRADIENT_PATH` (it changes the clip factors, the noise, the divisor or the step's
+    loop, as most faulty trainers do) runs on ghost clipping too, its overrides first; one that
+    computes the gradients its own way, or another library's engine (Opacus), stays as it is."""
     if choice not in ENGINES:
         raise InputError(f"train.dp.engine must be one of {', '.join(ENGINES)}, got {choice!r}")
-    if engine_class is not DPSGDEngine or choice == "vmap":
+    if (choice == "vmap" or not issubclass(engine_class, DPSGDEngine)
+            or any(getattr(engine_class, name) is not getattr(DPSGDEngine, name) for name in GRADIENT_PATH)):
         return engine_class, {}
-    return GhostClippingEngine, {"fallback": choice == "auto"}
+    return _on_ghost(engine_class), {"fallback": choice == "auto"}
+
+
+@functools.cache
+def _on_ghost(engine_class: type) -> type:
+    if engine_class is DPSGDEngine:
+        return GhostClippingEngine
+    return type(engine_class.__name__, (engine_class, GhostClippingEngine),
+                {"__module__": engine_class.__module__, "__doc__": engine_class.__doc__})

@@ -126,6 +126,28 @@ def test_the_guess_fraction_is_one_that_could_exceed_the_claim():
     assert all(ideal(g) >= ideal(h) for h in GUESS_FRACTIONS if h * m >= 2 and ceiling(h) > 6.0)
 
 
+@pytest.mark.parametrize("q, steps, m, targets, fractions", [
+    (1.0, 3, 10_000, (1.0, 4.0, 8.0), GUESS_FRACTIONS[::2]),
+    (0.05, 40, 1_000, (1.0, 4.0), (0.03,)),  # a ceiling of 3.86 there: above the first claim, below the second
+])
+def test_can_violate_is_the_ceiling_above_the_claim(q, steps, m, targets, fractions):
+    """Two curves in place of the ceiling's search: the same answer, on claims either side of
+    what m canaries can show (the search itself is the reference)."""
+    from dpaudit.audit.ceilings import claimed_curve_can_violate, claimed_curve_ceiling
+
+    answers = set()
+    for target in targets:
+        sigma = noise_multiplier(target_epsilon=target, sample_rate=q, steps=steps, delta=DELTA)
+        kw = dict(noise_multiplier=sigma, sample_rate=q, steps=steps, num_canaries=m, delta=DELTA, significance=0.05)
+        claim = epsilon(noise_multiplier=sigma, sample_rate=q, steps=steps, delta=DELTA)
+        for g in fractions:
+            strategy = BonferroniStrategy(grid=(g,))
+            fast = claimed_curve_can_violate(**kw, strategy=strategy)
+            assert fast == (claimed_curve_ceiling(**kw, strategy=strategy) > claim), (target, g)
+            answers.add(fast)
+    assert answers == {True, False}
+
+
 def test_ideal_bounds_are_seeded_and_need_a_trial():
     kw = dict(noise_multiplier=1.0, sample_rate=1.0, steps=3, num_canaries=2_000, delta=DELTA, significance=0.05,
               methods=("one_run", "claimed_curve"))

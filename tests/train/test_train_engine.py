@@ -409,7 +409,17 @@ def test_engine_choice_from_the_config():
     assert choose_engine(DPSGDEngine, "ghost") == (GhostClippingEngine, {"fallback": False})
     assert choose_engine(DPSGDEngine, "vmap") == (DPSGDEngine, {})
 
-    class Faulty(DPSGDEngine):  # an engine that overrides steps keeps its own path
-        pass
+    class Quiet(DPSGDEngine):  # changes what comes after the clipped sum: runs on ghost clipping too
+        def add_noise(self, summed, generator):
+            return summed
 
-    assert choose_engine(Faulty, "ghost") == (Faulty, {})
+    chosen, options = choose_engine(Quiet, "ghost")
+    assert issubclass(chosen, Quiet) and issubclass(chosen, GhostClippingEngine) and options == {"fallback": False}
+    assert chosen.add_noise is Quiet.add_noise and chosen.summed_gradients is GhostClippingEngine.summed_gradients
+    assert choose_engine(Quiet, "auto")[0] is chosen and choose_engine(Quiet, "vmap") == (Quiet, {})
+
+    class Own(DPSGDEngine):  # computes its gradients its own way: keeps its own path
+        def clipped_sum(self, unit_grads, total, stats, units):
+            return super().clipped_sum(unit_grads, total, stats, units)
+
+    assert choose_engine(Own, "ghost") == (Own, {})

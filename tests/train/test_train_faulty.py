@@ -13,6 +13,7 @@ from recorded import train_recorded
 from dpaudit.config import load_config
 from dpaudit.train import faulty
 from dpaudit.train.engine import CLIP_EPS, DPSGDEngine
+from dpaudit.train.ghost import GhostClippingEngine, choose_engine
 
 BASE = ["data.max_length=32", "train.eval_every=100", "train.dp.noise_multiplier=1.0"]
 
@@ -21,8 +22,8 @@ def flat(eng):
     return torch.cat([p.grad.flatten() for p in eng.params.values()])
 
 
-def update(cls, units, *, sigma=0.0, C=0.2, B=4, seed=0):
-    eng = engine(build("gpt2"), cls, sigma=sigma, C=C, B=B)
+def update(cls, units, *, sigma=0.0, C=0.2, B=4, seed=0, **options):
+    eng = engine(build("gpt2"), cls, sigma=sigma, C=C, B=B, **options)
     eng.step(units, torch.Generator().manual_seed(seed))
     eng.close()
     return flat(eng)
@@ -65,6 +66,18 @@ def test_faulty_engines_survive_empty_batches_and_carried_users(cls):
     stats = eng.step(users, torch.Generator().manual_seed(0))
     assert sorted(stats.unit_index) == [0, 1]  # every engine says whose norm is whose (issue 29)
     eng.close()
+
+
+@pytest.mark.parametrize("name", sorted(faulty.SPECS))
+def test_the_loops_engine_makes_the_vmap_engines_update(name):
+    """The trainer's engine (:func:`~dpaudit.train.ghost.choose_engine`): ghost clipping under
+    the faulty overrides where the fault is not in the gradients, the same update as on vmap."""
+    cls = faulty.SPECS[name].engine
+    chosen, options = choose_engine(cls, "ghost")
+    assert issubclass(chosen, GhostClippingEngine) == (name not in {"batch_clipping", "unclipped_params"})
+    users = [sequences([4, 5, 6], seed=2), sequences([5], seed=3), sequences([7, 3], seed=4)]
+    torch.testing.assert_close(update(chosen, users, sigma=1.0, C=0.05, **options),
+                               update(cls, users, sigma=1.0, C=0.05), rtol=1e-4, atol=1e-6)
 
 
 def test_realised_batch_size():
