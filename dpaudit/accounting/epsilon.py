@@ -4,6 +4,7 @@ multiplier that reaches a target epsilon, and the default delta of a run."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 import warnings
@@ -60,7 +61,8 @@ def quiet_absl():
         logger.setLevel(level)
 
 
-def _epsilon(event: dp_accounting.DpEvent, delta: float, method: str, *, coarse: bool = False) -> float:
+def _composed(event: dp_accounting.DpEvent, method: str, *, coarse: bool = False):
+    """The accountant of ``method`` with ``event`` composed (the costly part: a PLD's convolutions)."""
     if method == "pld":
         accountant = pld.PLDAccountant(value_discretization_interval=1e-3) if coarse else pld.PLDAccountant()
     else:
@@ -69,13 +71,25 @@ def _epsilon(event: dp_accounting.DpEvent, delta: float, method: str, *, coarse:
         raise InputError(f"the {method} accountant cannot account for {event!r}")
     with quiet_absl():
         accountant.compose(event)
+    return accountant
+
+
+# A run's few events are asked for their epsilon at several deltas (each bound's, the
+# report's, a ladder's): composed once each. DpEvents are frozen and compare by value.
+_composed_once = functools.lru_cache(maxsize=16)(_composed)
+
+
+def _epsilon(event: dp_accounting.DpEvent, delta: float, method: str, *, coarse: bool = False,
+             cached: bool = False) -> float:
+    accountant = (_composed_once if cached else _composed)(event, method, coarse=coarse)
+    with quiet_absl():
         return float(accountant.get_epsilon(delta))
 
 
 def epsilon_from_event(event: dp_accounting.DpEvent, *, delta: float, method: str = "pld") -> float:
     """Epsilon of any ``DpEvent`` at ``delta`` with the default ``dp_accounting`` accountant
     settings; ``inf`` for a non-private event."""
-    return _epsilon(event, check_delta_range(delta), check_method(method))
+    return _epsilon(event, check_delta_range(delta), check_method(method), cached=True)
 
 
 def epsilon(*, noise_multiplier: float, sample_rate: float, steps: int, delta: float, method: str = "pld") -> float:
