@@ -28,9 +28,10 @@ def never_called(*args):
     raise AssertionError(f"the chooser was called with {args}")
 
 
-def test_ranking_counts_match_a_naive_count():
+@pytest.mark.parametrize("ties", [True, False])
+def test_ranking_counts_match_a_naive_count(ties):
     rng = np.random.default_rng(1)
-    s = rng.integers(0, 5, 60).astype(float)
+    s = rng.integers(0, 5, 60).astype(float) if ties else rng.normal(size=60)
     member = rng.random(60) < 0.5
     keys = rng.random(60)
     ranking = Ranking(s, member, keys)
