@@ -24,7 +24,8 @@ from dpaudit.audit.selection import possible_guess_pairs
 from dpaudit.audit.strategy import DEFAULT_FPR_GRID, DEFAULT_STRATEGY, Strategy, fpr_level_count
 from dpaudit.errors import InputError
 
-__all__ = ["CeilingRow", "ceiling_table", "claimed_curve_can_violate", "claimed_curve_ceiling", "format_ceiling_table", "one_run_ceiling"]
+__all__ = ["CeilingRow", "ceiling_table", "claimed_curve_can_violate", "claimed_curve_ceiling", "format_ceiling_table",
+           "one_run_ceiling"]
 
 
 @dataclass(frozen=True)
