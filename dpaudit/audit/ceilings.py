@@ -171,10 +171,7 @@ def claimed_curve_ceiling(
     """The largest epsilon-equivalent the claimed-curve test
     (:func:`dpaudit.audit.claimed_curve_bound`) can report for m canaries: its result on
     perfectly separated, balanced scores (every guess right), with the same strategy."""
-    m = _check_count("num_canaries", num_canaries)
-    if m < 2:
-        raise InputError("num_canaries must be at least 2")
-    return claimed_curve_bound(_perfect(m), noise_multiplier=noise_multiplier, sample_rate=sample_rate, steps=steps,
+    return claimed_curve_bound(_perfect(num_canaries), noise_multiplier=noise_multiplier, sample_rate=sample_rate, steps=steps,
                                delta=delta, significance=significance, strategy=strategy).epsilon
 
 
@@ -183,14 +180,14 @@ def claimed_curve_can_violate(*, num_canaries: int, noise_multiplier: float, sam
     """Whether :func:`claimed_curve_ceiling` is above the claim's epsilon, i.e. whether m
     canaries could ever show this claim violated (:func:`dpaudit.audit.claimed_curve.exceeds_claim`
     on perfectly separated scores; two curves, no search)."""
-    m = _check_count("num_canaries", num_canaries)
-    if m < 2:
-        raise InputError("num_canaries must be at least 2")
-    return exceeds_claim(_perfect(m), noise_multiplier=noise_multiplier, sample_rate=sample_rate, steps=steps,
+    return exceeds_claim(_perfect(num_canaries), noise_multiplier=noise_multiplier, sample_rate=sample_rate, steps=steps,
                          delta=delta, significance=significance, strategy=strategy)
 
 
-def _perfect(m: int) -> CanaryScores:
-    """Perfectly separated, balanced scores: every guess right."""
+def _perfect(num_canaries: int) -> CanaryScores:
+    """Perfectly separated, balanced scores of m canaries: every guess right."""
+    m = _check_count("num_canaries", num_canaries)
+    if m < 2:
+        raise InputError("num_canaries must be at least 2")
     n_in = (m + 1) // 2
     return CanaryScores(in_scores=np.ones(n_in), out_scores=np.zeros(m - n_in), seed=0)

@@ -226,8 +226,7 @@ def exceeds_claim(scores: CanaryScores, *, noise_multiplier: float, sample_rate:
     significance = _check_significance(significance)
     _, _, rejecting = _candidates(scores, DEFAULT_STRATEGY if strategy is None else strategy, significance)
     below = sigma * 2.0**-_U_RESOLUTION
-    return (bool(rejecting(_dpsgd_curve(sigma, q, steps, CURVE_DISCRETIZATION)._blow_up_inverse_scalar))
-            and bool(rejecting(_dpsgd_curve(below, q, steps, CURVE_DISCRETIZATION)._blow_up_inverse_scalar))
+    return (all(rejecting(_dpsgd_curve(s, q, steps, CURVE_DISCRETIZATION)._blow_up_inverse_scalar) for s in (sigma, below))
             and _accountant_epsilon(below, q, steps, delta) > _accountant_epsilon(sigma, q, steps, delta))
 
 
