@@ -206,7 +206,7 @@ class FleetConfig:
     num_models: int = 0
     executor: Literal["local", "ray"] = "local"
     address: str | None = None  # ray: "auto" or "host:port"; None starts a local instance
-    workers: int = 1  # local: processes at once
+    workers: int = 1  # local: processes at once (the fleet's models, and the run's own models and twins)
     num_cpus: int | None = None  # ray: CPUs per model (None: cores / workers on a local instance, else 1)
     num_gpus: float = 0.0  # ray: GPUs per model
 

@@ -215,9 +215,11 @@ def run_jobs(job: Job, *, fleet_dir: Path, todo: list[int], num_models: int, fle
              progress: bool = True) -> None:
     """Run ``job(str(fleet_dir), j, threads)`` for every ``j`` in ``todo`` on
     ``fleet.executor`` (see :func:`dpaudit.stages.fleet.train_fleet` for the options)."""
-    run = _run_ray if fleet.executor == "ray" else _run_local
-    run(job, fleet_dir=fleet_dir, todo=todo, num_models=num_models, fleet=fleet, trainer=trainer,
-        address=fleet.address, workers=fleet.workers, progress=progress)
+    if fleet.executor == "ray":
+        _run_ray(job, fleet_dir=fleet_dir, todo=todo, num_models=num_models, fleet=fleet, trainer=trainer,
+                 address=fleet.address, workers=fleet.workers, progress=progress)
+    else:
+        run_local(job, directory=fleet_dir, todo=todo, total=num_models, workers=fleet.workers, progress=progress)
 
 
 def _parent_log_file() -> str | None:
@@ -249,20 +251,25 @@ def _init_worker(threads: int, log_path: str | None = None) -> None:
         root.addHandler(handler)
 
 
-def _progress_bar(total: int, done: int, enabled: bool):
+def _progress_bar(total: int, done: int, enabled: bool, desc: str = "fleet"):
     from dpaudit.progress import Progress
 
-    return Progress(total=total, initial=done, desc="fleet", unit="model", enabled=enabled)
+    return Progress(total=total, initial=done, desc=desc, unit="model", enabled=enabled)
 
 
-def _run_local(job: Job, *, fleet_dir: Path, todo: list[int], num_models: int, workers: int, progress: bool, **_):
+def run_local(job: Job, *, directory: Path, todo: Sequence[Any], total: int, workers: int, desc: str = "fleet",
+              progress: bool = True) -> None:
+    """``job(str(directory), key)`` for every key of ``todo``: in this process when ``workers``
+    is 1, else in a pool of ``workers`` spawned processes with ``cpu_count // workers`` torch
+    threads each. The first job that raises stops the pool (the running ones finish) and
+    its error is raised. ``total`` and ``desc``: the progress bar's."""
     workers = min(workers, len(todo))
     threads = max(1, (os.cpu_count() or 1) // workers)
-    with _progress_bar(num_models, num_models - len(todo), progress) as bar:
+    with _progress_bar(total, total - len(todo), progress, desc) as bar:
         if workers == 1:
             # in-process: simpler to debug; torch's thread count is left as the caller set it
-            for j in todo:
-                job(str(fleet_dir), j)
+            for key in todo:
+                job(str(directory), key)
                 bar.update(1)
             return
         import multiprocessing
@@ -271,7 +278,7 @@ def _run_local(job: Job, *, fleet_dir: Path, todo: list[int], num_models: int, w
         context = multiprocessing.get_context("spawn")  # spawn copies sys.path to the children
         with ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker,
                                  initargs=(threads, _parent_log_file())) as pool:
-            pending = {pool.submit(job, str(fleet_dir), j): j for j in todo}
+            pending = {pool.submit(job, str(directory), key): key for key in todo}
             failure = None
             while pending and failure is None:
                 finished, _ = wait(pending, return_when=FIRST_EXCEPTION)

@@ -51,6 +51,16 @@ def load_trainer(spec: str) -> Callable[..., Any]:
     return load_callable(spec, what="trainer")
 
 
+def reruns(spec: str) -> bool:
+    """Whether the toolkit can run trainer ``spec`` again, in this process or another (for a
+    twin, a fleet, a model trained apart). A user's own loop (:class:`dpaudit.Audit`,
+    ``reruns = False``) cannot. A trainer that does not import counts as one that reruns."""
+    try:
+        return bool(getattr(load_trainer(spec), "reruns", True))
+    except Exception:  # noqa: BLE001 - the run that calls it reports the error
+        return True
+
+
 def call_trainer(
     fn: Callable[..., Any],
     dataset,

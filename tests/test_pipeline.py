@@ -192,16 +192,20 @@ def test_run_api_and_force(tiny_run, tmp_path):
     assert result.ok and [m["name"] for m in result.report["models"]] == MODELS
 
 
-def test_a_failing_model_fails_alone(tmp_path, capsys):
+@pytest.mark.parametrize("workers", [1, 2], ids=["in-process", "side-by-side"])
+def test_a_failing_model_fails_alone(tmp_path, capsys, workers):
     out = tmp_path / "run"
-    code = main(["run", "--config", "tiny", "--out", str(out), "--set",
+    code = main(["run", "--config", "tiny", "--out", str(out), "--set", f"fleet.workers={workers}", "--set",
                  "models=[{name: ok}, {name: bad, train: {trainer: 'dpaudit.train:dpsgd', batch_size: 100000, "
                  "dp: {noise_multiplier: 1.0}}}]", "--json"])
-    report = json.loads(capsys.readouterr().out)
+    captured = capsys.readouterr()
+    report = json.loads(captured.out)
     assert code == 4
     by_name = {m["name"]: m for m in report["models"]}
     assert "sampling rate" in by_name["bad"]["error"]  # found when the model trains: it fails alone
     assert by_name["ok"]["error"] is None and by_name["ok"]["attacks"]
+    log = (out / "run.log").read_text(encoding="utf-8")
+    assert ("models: model 2/2" in log) == (workers == 2)  # the pool trained both, failed or not
 
 
 def test_attack_subset_and_report_rebuild(tiny_run, tmp_path, capsys):

@@ -140,6 +140,14 @@ def ideal_bounds(*, noise_multiplier: float, sample_rate: float, steps: int, num
                  seed: int = 0) -> list[float]:
     """The rung's bound on the ideal scores of its regime (:func:`ideal_scores`), ``trials``
     times: each a draw of m canaries, each in with probability 1/2."""
+    family = dict(noise_multiplier=noise_multiplier, sample_rate=sample_rate, steps=steps)
+    return [rung_bound(cs, methods=methods, **family, delta=delta, significance=significance, strategy=strategy).epsilon
+            for cs in _ideal_draws(**family, num_canaries=num_canaries, trials=trials, seed=seed)]
+
+
+def _ideal_draws(*, noise_multiplier: float, sample_rate: float, steps: int, num_canaries: int, trials: int,
+                 seed: int) -> list[CanaryScores]:
+    """``trials`` draws of the ideal scores of m canaries, each in with probability 1/2."""
     if trials < 1:
         raise InputError(f"trials must be at least 1, got {trials}")
     rng = np.random.default_rng(seed)
@@ -147,9 +155,7 @@ def ideal_bounds(*, noise_multiplier: float, sample_rate: float, steps: int, num
     for _ in range(trials):
         member = rng.random(num_canaries) < 0.5
         s = ideal_scores(rng, member=member, noise_multiplier=noise_multiplier, sample_rate=sample_rate, steps=steps)
-        cs = CanaryScores(in_scores=s[member], out_scores=s[~member], seed=0)
-        out.append(rung_bound(cs, methods=methods, noise_multiplier=noise_multiplier, sample_rate=sample_rate,
-                              steps=steps, delta=delta, significance=significance, strategy=strategy).epsilon)
+        out.append(CanaryScores(in_scores=s[member], out_scores=s[~member], seed=0))
     return out
 
 
@@ -166,13 +172,14 @@ def choose_guess_fraction(*, noise_multiplier: float, sample_rate: float, steps:
     from dpaudit.audit.ceilings import claimed_curve_can_violate
 
     family = dict(noise_multiplier=noise_multiplier, sample_rate=sample_rate, steps=steps)
+    scores = _ideal_draws(**family, num_canaries=num_canaries, trials=1, seed=seed)[0]  # one draw for every fraction
     found: list[tuple[bool, float, float]] = []
     for g in grid:
         if max(1, round(g * num_canaries)) < 2:
             continue
         strategy = BonferroniStrategy(grid=(g,))
-        (value,) = ideal_bounds(**family, num_canaries=num_canaries, delta=delta, significance=significance,
-                                methods=("claimed_curve",), strategy=strategy, trials=1, seed=seed)
+        value = rung_bound(scores, methods=("claimed_curve",), **family, delta=delta, significance=significance,
+                           strategy=strategy).epsilon
         testable = claimed_curve_can_violate(**family, num_canaries=num_canaries, delta=delta,
                                              significance=significance, strategy=strategy)
         found.append((testable, value, g))

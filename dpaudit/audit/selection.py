@@ -59,10 +59,12 @@ class Ranking:
     """Canaries sorted by (score, random tie key); O(1) correct-guess counts for any (k+, k-)."""
 
     def __init__(self, scores: np.ndarray, member: np.ndarray, keys: np.ndarray):
-        order = np.argsort(scores)  # ascending score, and with no tie that is all (3x faster than lexsort)
-        ranked = scores[order]
-        if (ranked[1:] == ranked[:-1]).any():
-            order = np.lexsort((keys, scores))  # ties by the random key
+        order = np.argsort(scores)  # ascending score (3x faster than lexsort)
+        ranked, ranked_member = scores[order], member[order]
+        if ((ranked[1:] == ranked[:-1]) & (ranked_member[1:] != ranked_member[:-1])).any():
+            # a tie between a member and a non-member: broken by the random key (ties within
+            # one side leave the counts as they are, whatever their order)
+            order = np.lexsort((keys, scores))
         self.m = int(scores.size)
         self._cum_in = np.r_[0, np.cumsum(member[order])]  # members among the i lowest
 

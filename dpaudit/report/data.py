@@ -29,6 +29,7 @@ import numpy as np
 
 from dpaudit.errors import InputError
 from dpaudit.jsonable import jsonable
+from dpaudit.progress import Progress
 from dpaudit.report.groups import GROUP_COLUMNS, group_rows, group_entries
 from dpaudit.report.model import model_entry
 from dpaudit.report.schema import (
@@ -206,18 +207,20 @@ def assemble(snapshot: RunSnapshot, *, include_texts: bool = False, title: str |
     reps = canaries["repetitions"] if canaries and isinstance(canaries["repetitions"], int) else 1
 
     models, roc, ext_rows, patient_rows, bound_rows = [], {}, [], [], []
-    for model in snapshot.models:
-        entry, model_warnings, r, e, p, b = model_entry(model, include_texts=include_texts, repetitions=reps,
-                                                        trainable=snapshot.trainable)
-        entry["groups"], group_warnings = group_entries(model, snapshot.records,
-                                                        seed=int((snapshot.config or {}).get("seed") or 0))
-        model_warnings.extend(group_warnings)
-        warnings.extend(f"{model.name}: {w}" for w in model_warnings)
-        models.append(entry)
-        roc[model.name] = r
-        ext_rows += e
-        patient_rows += p
-        bound_rows += b
+    with Progress(total=len(snapshot.models), desc="report", unit="model") as bar:
+        for model in snapshot.models:
+            entry, model_warnings, r, e, p, b = model_entry(model, include_texts=include_texts, repetitions=reps,
+                                                            trainable=snapshot.trainable)
+            entry["groups"], group_warnings = group_entries(model, snapshot.records,
+                                                            seed=int((snapshot.config or {}).get("seed") or 0))
+            model_warnings.extend(group_warnings)
+            warnings.extend(f"{model.name}: {w}" for w in model_warnings)
+            models.append(entry)
+            roc[model.name] = r
+            ext_rows += e
+            patient_rows += p
+            bound_rows += b
+            bar.update(1)
     base_groups = None
     if snapshot.base_nll is not None:  # the base model: the utility gap every fine-tune starts from
         from dpaudit.report.snapshot import ModelSnapshot

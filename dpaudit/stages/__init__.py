@@ -101,7 +101,7 @@ def check_config(config: Config) -> None:
 
 def _run(rundir: RunDir, config: Config, *, until: str, fresh: bool) -> RunResult:
     from dpaudit.stages.prepare import derive_seeds, load_prepared, prepare
-    from dpaudit.stages.train import train_base, train_model
+    from dpaudit.stages.train import train_base, train_models
 
     seeds = derive_seeds(config.seed)
     try:
@@ -112,14 +112,10 @@ def _run(rundir: RunDir, config: Config, *, until: str, fresh: bool) -> RunResul
         raise
     data = load_prepared(rundir, config, seeds)
     train_base(rundir, config, data, seed=seeds["train"])
-    result = RunResult(rundir)
-    for name in config.model_names():
-        md = rundir.model(name)
-        try:
-            train_model(rundir, config, name, data, seed=seeds["train"])
-            md.clear_error()
-        except Exception as err:  # noqa: BLE001 - a model fails alone; its entry says why
-            _fail(result, md, "train", err)
+    train_models(rundir, config, data, seed=seeds["train"])
+    errors = {n: rundir.model(n).read_error() for n in config.model_names()}
+    result = RunResult(rundir, failed={n: f"train: {e['message']}" for n, e in errors.items()
+                                       if e is not None and e["stage"] == "train"})
     if until == "train":
         return result
     result.failed.update(attack_run(rundir, config=config, data=data, extract=until == "report").failed)

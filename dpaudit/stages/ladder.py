@@ -9,7 +9,8 @@ jointly (:mod:`dpaudit.audit.ladder`):
   claim in ``dpaudit validate``'s isolated design: ``audit.ladder.input_space_canaries``
   fresh-token canaries (``new_token_bare``, its pool sized to them), only the input embedding
   training (so only their rows move; a tied output layer is untied and frozen), full batch
-  (q = 1) for ``TWIN_STEPS`` steps, plain SGD at learning rate 0.01, from the run's base model
+  (q = 1) for ``TWIN_STEPS`` steps, plain SGD at learning rate 0.01, no evaluation (its loss
+  says nothing of the canaries), from the run's base model
   grown by the canaries' tokens, on a corpus of
   ``audit.ladder.twin_patients`` patients (only the canaries matter); scored by the base-
   calibrated reference attack on the twin's final model;
@@ -37,6 +38,8 @@ import numpy as np
 from dpaudit.audit.ladder import RUNGS, Rung
 from dpaudit.audit.results import BoundResult
 from dpaudit.config import Config, load_config
+from dpaudit.plugins import reruns
+from dpaudit.progress import Progress
 from dpaudit.rundir import RunDir, staged_directory
 from dpaudit.stages.artifacts import read_dp_record, read_ladder, write_ladder
 
@@ -65,31 +68,21 @@ def ladder_run(rundir: RunDir, config: Config, *, run: Callable[..., Any]) -> No
     names = [n for n, r in records.items() if r is not None and r.private and read_ladder(rundir.model(n)) is None]
     if not names:
         return
-    rerun = [n for n in names if _reruns(config.for_model(n).train.trainer)]
+    rerun = [n for n in names if reruns(config.for_model(n).train.trainer)]
     twin = _train_twins(rundir, config, {n: records[n] for n in rerun}, run=run) if rerun else None
     twin_cfg = twin.read_config() if twin is not None else None
-    for name in names:
-        own = [] if name in rerun else [
-            Rung(rung="input_space", bound=None, attack=None, significance=None, ideal=None, ideal_range=None,
-                 num_canaries=0, regime={}, refused="the model's trainer (a user's own loop) cannot be rerun as an isolated twin"),
-            white_box_rung(rundir, config, name)]
-        rungs = [released_rung(rundir, config, name, records[name]), *(own or _twin_rungs(twin, twin_cfg, name))]
-        write_ladder(rundir.model(name), rungs)
-        log.info("ladder of %s: %s", name, ", ".join(
-            f"{r.rung} {r.epsilon:.2f} (ideal {r.ideal:.2f})" if r.bound is not None else f"{r.rung} refused"
-            for r in rungs))
-
-
-def _reruns(trainer: str) -> bool:
-    """Whether the toolkit can run ``trainer`` again, for a twin. A user's own loop
-    (:class:`dpaudit.Audit`, ``reruns = False``) cannot: its white-box rung is its own run's
-    gradient canaries. A trainer that does not import now fails in its twin run, as before."""
-    from dpaudit.plugins import load_trainer
-
-    try:
-        return bool(getattr(load_trainer(trainer), "reruns", True))
-    except Exception:  # noqa: BLE001 - the twin run reports it
-        return True
+    with Progress(total=len(names), desc="ladder", unit="model") as bar:
+        for name in names:
+            own = [] if name in rerun else [
+                Rung(rung="input_space", bound=None, attack=None, significance=None, ideal=None, ideal_range=None,
+                     num_canaries=0, regime={}, refused="the model's trainer (a user's own loop) cannot be rerun as an isolated twin"),
+                white_box_rung(rundir, config, name)]
+            rungs = [released_rung(rundir, config, name, records[name]), *(own or _twin_rungs(twin, twin_cfg, name))]
+            write_ladder(rundir.model(name), rungs)
+            log.info("ladder of %s: %s", name, ", ".join(
+                f"{r.rung} {r.epsilon:.2f} (ideal {r.ideal:.2f})" if r.bound is not None else f"{r.rung} refused"
+                for r in rungs))
+            bar.update(1)
 
 
 # --------------------------------------------------------------------------- the twins
@@ -167,7 +160,7 @@ def twin_config(config: Config, records: dict, *, base: Path, canary_set: Path, 
         models.append({"name": name, "train": {**train, **LINEAR_TRAIN, "weight_decay": 0.0, "schedule": "constant",
                                                 "warmup_steps": 0, "dp": dp, "steps": TWIN_STEPS,
                                                 "batch_size": batch_sizes[record.unit], "eval_every": 10**9,
-                                                "microbatch_size": TWIN_MICROBATCH}})
+                                                "max_eval_examples": 0, "microbatch_size": TWIN_MICROBATCH}})
     raw["models"] = models
     return load_config(raw)
 

@@ -1,6 +1,9 @@
 """Train stage: the base model on the public data (when ``pretrain.enabled``), then every
 model of the run, each fine-tuning the base on the private members plus the included
-canaries with its own ``train`` section (``models[i].train`` over ``train``).
+canaries with its own ``train`` section (``models[i].train`` over ``train``). With
+``fleet.workers`` above 1 the models train side by side in that many local processes, as
+the reference fleet does (a user's own loop, which cannot run in another process, trains
+in this one).
 
 A model trains into a staging directory that is renamed to ``models/NAME/`` only when its
 weights are saved, so an interrupted run retrains exactly the models not in place.
@@ -83,6 +86,44 @@ def train_base(rundir: RunDir, config: Config, data: PreparedData, *, seed: int)
     with label("base"), staged_directory(rundir.base_dir) as stage:
         train_and_save(stage, dataset=data.public_set, tokenizer=data.tokenizer, seed=model_seed(seed, "base"),
                        config=cfg, eval_dataset=data.eval_set)
+
+
+def train_models(rundir: RunDir, config: Config, data: PreparedData, *, seed: int) -> None:
+    """Every model of the run not yet trained (:func:`train_model`). A model that fails has
+    its ``error.json`` (stage ``train``) and the others train on. The models whose trainer
+    can run in another process train in a pool of ``fleet.workers`` local processes, each
+    with ``cpu_count // workers`` torch threads, when more than one of them is to train."""
+    from dpaudit.fleet import run_local
+    from dpaudit.plugins import reruns
+
+    todo = [n for n in config.model_names() if not rundir.model(n).is_trained()]
+    apart = [n for n in todo if reruns(config.for_model(n).train.trainer)] if config.fleet.workers > 1 else []
+    if len(apart) > 1:
+        run_local(_train_job, directory=rundir.root, todo=apart, total=len(apart), workers=config.fleet.workers,
+                  desc="models")
+        todo = [n for n in todo if n not in apart]
+    for name in todo:
+        _train_or_record(rundir, config, name, data, seed=seed)
+
+
+def _train_job(root: str, name: str) -> None:
+    """:func:`train_model` in a pool process, everything read back from the run directory."""
+    from dpaudit.stages.prepare import derive_seeds, load_prepared
+
+    rundir = RunDir(root)
+    config = rundir.read_config()
+    seeds = derive_seeds(config.seed)
+    _train_or_record(rundir, config, name, load_prepared(rundir, config, seeds), seed=seeds["train"])
+
+
+def _train_or_record(rundir: RunDir, config: Config, name: str, data: PreparedData, *, seed: int) -> None:
+    md = rundir.model(name)
+    try:
+        train_model(rundir, config, name, data, seed=seed)
+        md.clear_error()
+    except Exception as err:  # noqa: BLE001 - a model fails alone; its error.json says why
+        log.error("model %s failed in the train stage: %s", name, err, exc_info=not isinstance(err, InputError))
+        md.write_error(stage="train", error=err)
 
 
 def train_model(rundir: RunDir, config: Config, name: str, data: PreparedData, *, seed: int) -> ModelDir:

@@ -28,11 +28,14 @@ def never_called(*args):
     raise AssertionError(f"the chooser was called with {args}")
 
 
-@pytest.mark.parametrize("ties", [True, False])
+@pytest.mark.parametrize("ties", ["across", "within", "none"])
 def test_ranking_counts_match_a_naive_count(ties):
+    """Ties between members and non-members (broken by the key), ties within one side only
+    (perfect scores: any order counts the same), no ties."""
     rng = np.random.default_rng(1)
-    s = rng.integers(0, 5, 60).astype(float) if ties else rng.normal(size=60)
     member = rng.random(60) < 0.5
+    s = {"across": rng.integers(0, 5, 60).astype(float), "within": member + rng.integers(0, 2, 60) * 2.0,
+         "none": rng.normal(size=60)}[ties]
     keys = rng.random(60)
     ranking = Ranking(s, member, keys)
     order = sorted(range(60), key=lambda i: (s[i], keys[i]))  # ascending; ties by the key
