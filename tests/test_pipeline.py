@@ -195,7 +195,8 @@ def test_run_api_and_force(tiny_run, tmp_path):
 @pytest.mark.parametrize("workers", [1, 2], ids=["in-process", "side-by-side"])
 def test_a_failing_model_fails_alone(tmp_path, capsys, workers):
     out = tmp_path / "run"
-    code = main(["run", "--config", "tiny", "--out", str(out), "--set", f"fleet.workers={workers}", "--set",
+    code = main(["run", "--config", "tiny", "--out", str(out), "--set", f"fleet.workers={workers}",
+                 "--set", "fleet.num_models=2", "--set",
                  "models=[{name: ok}, {name: bad, train: {trainer: 'dpaudit.train:dpsgd', batch_size: 100000, "
                  "dp: {noise_multiplier: 1.0}}}]", "--json"])
     captured = capsys.readouterr()
@@ -205,7 +206,9 @@ def test_a_failing_model_fails_alone(tmp_path, capsys, workers):
     assert "sampling rate" in by_name["bad"]["error"]  # found when the model trains: it fails alone
     assert by_name["ok"]["error"] is None and by_name["ok"]["attacks"]
     log = (out / "run.log").read_text(encoding="utf-8")
-    assert ("models: model 2/2" in log) == (workers == 2)  # the pool trained both, failed or not
+    # side by side: one pool for both models, failed or not, and the two reference models
+    assert ("models: model 4/4" in log) == (workers == 2)
+    assert ("fleet: model 2/2" in log) == (workers == 1)  # else the fleet stage found them trained
 
 
 def test_attack_subset_and_report_rebuild(tiny_run, tmp_path, capsys):

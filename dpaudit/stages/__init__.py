@@ -1,6 +1,7 @@
 """The stages of a run, one module each, and :func:`run`, which chains them.
 
-prepare -> train (base, then every model) -> fleet -> attack -> extract -> the threat-model
+prepare -> train (base, then every model; with ``fleet.workers`` above 1 side by side with the
+fleet's models) -> fleet -> attack -> extract -> the threat-model
 ladder (``audit.ladder.enabled`` only) -> multi-run audit (``audit.mode: multi_run`` only) ->
 report.
 Every stage reads and writes only through :class:`dpaudit.rundir.RunDir`; a stage whose
@@ -112,7 +113,7 @@ def _run(rundir: RunDir, config: Config, *, until: str, fresh: bool) -> RunResul
         raise
     data = load_prepared(rundir, config, seeds)
     train_base(rundir, config, data, seed=seeds["train"])
-    train_models(rundir, config, data, seed=seeds["train"])
+    train_models(rundir, config, data, seed=seeds["train"], fleet=until != "train")
     errors = {n: rundir.model(n).read_error() for n in config.model_names()}
     result = RunResult(rundir, failed={n: f"train: {e['message']}" for n, e in errors.items()
                                        if e is not None and e["stage"] == "train"})

@@ -59,6 +59,21 @@ def train_reference_fleet(rundir: RunDir, config: Config, data: PreparedData) ->
     """Train what the fleet still lacks; ``(keep [M, n], model dirs)``, or None without a fleet."""
     if config.fleet.num_models == 0:
         return None
+    _reference_fleet(rundir, config, data, defer=False)
+    return load_fleet(rundir.fleet_dir)
+
+
+def open_reference_fleet(rundir: RunDir, config: Config, data: PreparedData) -> list[int]:
+    """Write the reference fleet's inputs as :func:`train_reference_fleet` does and return the
+    indices of the models it still lacks, for a caller that runs them (:func:`run_job` on
+    ``rundir.fleet_dir``) beside its own jobs; [] without a fleet."""
+    if config.fleet.num_models == 0:
+        return []
+    _reference_fleet(rundir, config, data, defer=True)
+    return [j for j in range(config.fleet.num_models) if not _is_complete(_model_dir(rundir.fleet_dir, j))]
+
+
+def _reference_fleet(rundir: RunDir, config: Config, data: PreparedData, *, defer: bool) -> None:
     import datasets
 
     from dpaudit.data.corpus import tokenize_dataset
@@ -72,8 +87,7 @@ def train_reference_fleet(rundir: RunDir, config: Config, data: PreparedData) ->
     rates = [1.0 - config.data.holdout_fraction] * len(candidates) + [config.canaries.inclusion_prob] * len(canaries)
     dataset = tokenize_dataset(datasets.Dataset.from_dict(rows), data.tokenizer, max_length=config.data.max_length)
     train_fleet(fleet_dir=rundir.fleet_dir, candidates=dataset, tokenizer=data.tokenizer,
-                config=effective_config(rundir, config, None), keep_fraction=rates)
-    return load_fleet(rundir.fleet_dir)
+                config=effective_config(rundir, config, None), keep_fraction=rates, defer=defer)
 
 
 def train_fleet(
@@ -89,8 +103,10 @@ def train_fleet(
     workers: int | None = None,
     progress: bool = True,
     keep: np.ndarray | None = None,
+    defer: bool = False,
 ) -> np.ndarray:
     """Train the reference models that ``fleet_dir`` still lacks; return ``keep`` [M, n].
+    ``defer=True`` writes the inputs and trains nothing: the caller runs the missing models.
 
     ``candidates`` is a ``datasets.Dataset`` with ``text``, ``input_ids``,
     ``attention_mask`` and ``unit_id``: the examples the attacks score, and optionally
@@ -154,7 +170,7 @@ def train_fleet(
     for leftover in fleet_dir.glob(f"{TMP_PREFIX}*"):
         shutil.rmtree(leftover, ignore_errors=True) if leftover.is_dir() else leftover.unlink(missing_ok=True)
     todo = [j for j in range(num_models) if not _is_complete(_model_dir(fleet_dir, j))]
-    if todo:
+    if todo and not defer:
         run_jobs(run_job, fleet_dir=fleet_dir, todo=todo, num_models=num_models, fleet=fleet,
                  trainer=config.train.trainer, progress=progress)
     return keep

@@ -1,8 +1,8 @@
 """Train stage: the base model on the public data (when ``pretrain.enabled``), then every
 model of the run, each fine-tuning the base on the private members plus the included
 canaries with its own ``train`` section (``models[i].train`` over ``train``). With
-``fleet.workers`` above 1 the models train side by side in that many local processes, as
-the reference fleet does (a user's own loop, which cannot run in another process, trains
+``fleet.workers`` above 1 the models train side by side in that many local processes, with
+the reference fleet's models (a user's own loop, which cannot run in another process, trains
 in this one).
 
 A model trains into a staging directory that is renamed to ``models/NAME/`` only when its
@@ -88,32 +88,46 @@ def train_base(rundir: RunDir, config: Config, data: PreparedData, *, seed: int)
                        config=cfg, eval_dataset=data.eval_set)
 
 
-def train_models(rundir: RunDir, config: Config, data: PreparedData, *, seed: int) -> None:
+def train_models(rundir: RunDir, config: Config, data: PreparedData, *, seed: int, fleet: bool = False) -> None:
     """Every model of the run not yet trained (:func:`train_model`). A model that fails has
-    its ``error.json`` (stage ``train``) and the others train on. The models whose trainer
-    can run in another process train in a pool of ``fleet.workers`` local processes, each
-    with ``cpu_count // workers`` torch threads, when more than one of them is to train."""
+    its ``error.json`` (stage ``train``) and the others train on. With ``fleet.workers`` above
+    1 the models whose trainer can run in another process train in a pool of that many local
+    processes, each with ``cpu_count // workers`` torch threads; ``fleet=True`` puts the
+    missing reference models (local executor) in the same pool, so that no worker idles
+    between the two."""
     from dpaudit.fleet import run_local
     from dpaudit.plugins import reruns
 
     todo = [n for n in config.model_names() if not rundir.model(n).is_trained()]
-    apart = [n for n in todo if reruns(config.for_model(n).train.trainer)] if config.fleet.workers > 1 else []
-    if len(apart) > 1:
-        run_local(_train_job, directory=rundir.root, todo=apart, total=len(apart), workers=config.fleet.workers,
-                  desc="models")
-        todo = [n for n in todo if n not in apart]
+    jobs: list[tuple[str, str | int]] = []
+    if config.fleet.workers > 1:
+        jobs = [("model", n) for n in todo if reruns(config.for_model(n).train.trainer)]
+        if fleet and config.fleet.executor == "local" and jobs:
+            from dpaudit.stages.fleet import open_reference_fleet
+
+            jobs += [("fleet", j) for j in open_reference_fleet(rundir, config, data)]
+    if len(jobs) > 1:
+        run_local(_job, directory=rundir.root, todo=jobs, total=len(jobs), workers=config.fleet.workers, desc="models")
+        todo = [n for n in todo if ("model", n) not in jobs]
     for name in todo:
         _train_or_record(rundir, config, name, data, seed=seed)
 
 
-def _train_job(root: str, name: str) -> None:
-    """:func:`train_model` in a pool process, everything read back from the run directory."""
+def _job(root: str, job: tuple[str, str | int]) -> None:
+    """One job of the pool, everything read back from the run directory: model ``name``
+    (:func:`train_model`), or reference model ``index`` (:func:`dpaudit.stages.fleet.run_job`)."""
     from dpaudit.stages.prepare import derive_seeds, load_prepared
 
+    kind, key = job
     rundir = RunDir(root)
+    if kind == "fleet":
+        from dpaudit.stages.fleet import run_job
+
+        run_job(str(rundir.fleet_dir), int(key))
+        return
     config = rundir.read_config()
     seeds = derive_seeds(config.seed)
-    _train_or_record(rundir, config, name, load_prepared(rundir, config, seeds), seed=seeds["train"])
+    _train_or_record(rundir, config, str(key), load_prepared(rundir, config, seeds), seed=seeds["train"])
 
 
 def _train_or_record(rundir: RunDir, config: Config, name: str, data: PreparedData, *, seed: int) -> None:
