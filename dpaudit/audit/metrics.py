@@ -18,7 +18,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats
 
 from dpaudit.audit._validation import as_fpr, as_scores
 from dpaudit.errors import InputError
@@ -190,8 +189,9 @@ def auc(*, in_scores, out_scores) -> float:
 
 
 def _auc(ins: np.ndarray, outs: np.ndarray) -> float:
-    ranks = stats.rankdata(np.concatenate([ins, outs]))  # average ranks handle ties
-    u = ranks[: ins.size].sum() - ins.size * (ins.size + 1) / 2.0
+    outs = np.sort(outs)  # U counts, for each member, the non-members below it, ties as one half
+    below, up_to = np.searchsorted(outs, ins, side="left"), np.searchsorted(outs, ins, side="right")
+    u = below.sum() + 0.5 * (up_to - below).sum()
     return float(u / (ins.size * outs.size))
 
 
