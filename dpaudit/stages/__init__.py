@@ -1,7 +1,7 @@
 """The stages of a run, one module each, and :func:`run`, which chains them.
 
 prepare -> train (base, then every model; with ``fleet.workers`` above 1 side by side with the
-fleet's models) -> fleet -> attack -> extract -> the threat-model
+fleet's models, :mod:`dpaudit.stages.pool`) -> fleet -> attack -> extract -> the threat-model
 ladder (``audit.ladder.enabled`` only) -> multi-run audit (``audit.mode: multi_run`` only) ->
 report.
 Every stage reads and writes only through :class:`dpaudit.rundir.RunDir`; a stage whose
@@ -102,6 +102,7 @@ def check_config(config: Config) -> None:
 
 def _run(rundir: RunDir, config: Config, *, until: str, fresh: bool) -> RunResult:
     from dpaudit.stages.prepare import derive_seeds, load_prepared, prepare
+    from dpaudit.stages.pool import train_side_by_side
     from dpaudit.stages.train import train_base, train_models
 
     seeds = derive_seeds(config.seed)
@@ -113,7 +114,8 @@ def _run(rundir: RunDir, config: Config, *, until: str, fresh: bool) -> RunResul
         raise
     data = load_prepared(rundir, config, seeds)
     train_base(rundir, config, data, seed=seeds["train"])
-    train_models(rundir, config, data, seed=seeds["train"], fleet=until != "train")
+    apart = train_side_by_side(rundir, config, data, fleet=until != "train")
+    train_models(rundir, config, data, seed=seeds["train"], skip=apart)
     errors = {n: rundir.model(n).read_error() for n in config.model_names()}
     result = RunResult(rundir, failed={n: f"train: {e['message']}" for n, e in errors.items()
                                        if e is not None and e["stage"] == "train"})

@@ -1,9 +1,7 @@
 """Train stage: the base model on the public data (when ``pretrain.enabled``), then every
 model of the run, each fine-tuning the base on the private members plus the included
-canaries with its own ``train`` section (``models[i].train`` over ``train``). With
-``fleet.workers`` above 1 the models train side by side in that many local processes, with
-the reference fleet's models (a user's own loop, which cannot run in another process, trains
-in this one).
+canaries with its own ``train`` section (``models[i].train`` over ``train``); with
+``fleet.workers`` above 1, side by side (:mod:`dpaudit.stages.pool`).
 
 A model trains into a staging directory that is renamed to ``models/NAME/`` only when its
 weights are saved, so an interrupted run retrains exactly the models not in place.
@@ -15,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 
 from dpaudit.config import Config
@@ -88,49 +87,17 @@ def train_base(rundir: RunDir, config: Config, data: PreparedData, *, seed: int)
                        config=cfg, eval_dataset=data.eval_set)
 
 
-def train_models(rundir: RunDir, config: Config, data: PreparedData, *, seed: int, fleet: bool = False) -> None:
-    """Every model of the run not yet trained (:func:`train_model`). A model that fails has
-    its ``error.json`` (stage ``train``) and the others train on. With ``fleet.workers`` above
-    1 the models whose trainer can run in another process train in a pool of that many local
-    processes, each with ``cpu_count // workers`` torch threads; ``fleet=True`` puts the
-    missing reference models (local executor) in the same pool, so that no worker idles
-    between the two."""
-    from dpaudit.fleet import run_local
-    from dpaudit.plugins import reruns
-
-    todo = [n for n in config.model_names() if not rundir.model(n).is_trained()]
-    jobs: list[tuple[str, str | int]] = []
-    if config.fleet.workers > 1:
-        jobs = [("model", n) for n in todo if reruns(config.for_model(n).train.trainer)]
-        if fleet and config.fleet.executor == "local" and jobs:
-            from dpaudit.stages.fleet import open_reference_fleet
-
-            jobs += [("fleet", j) for j in open_reference_fleet(rundir, config, data)]
-    if len(jobs) > 1:
-        run_local(_job, directory=rundir.root, todo=jobs, total=len(jobs), workers=config.fleet.workers, desc="models")
-        todo = [n for n in todo if ("model", n) not in jobs]
-    for name in todo:
-        _train_or_record(rundir, config, name, data, seed=seed)
+def train_models(rundir: RunDir, config: Config, data: PreparedData, *, seed: int, skip: Sequence[str] = ()) -> None:
+    """Every model of the run not yet trained, but those of ``skip`` (trained elsewhere:
+    :mod:`dpaudit.stages.pool`), in this process (:func:`train_or_record`)."""
+    for name in config.model_names():
+        if name not in skip and not rundir.model(name).is_trained():
+            train_or_record(rundir, config, name, data, seed=seed)
 
 
-def _job(root: str, job: tuple[str, str | int]) -> None:
-    """One job of the pool, everything read back from the run directory: model ``name``
-    (:func:`train_model`), or reference model ``index`` (:func:`dpaudit.stages.fleet.run_job`)."""
-    from dpaudit.stages.prepare import derive_seeds, load_prepared
-
-    kind, key = job
-    rundir = RunDir(root)
-    if kind == "fleet":
-        from dpaudit.stages.fleet import run_job
-
-        run_job(str(rundir.fleet_dir), int(key))
-        return
-    config = rundir.read_config()
-    seeds = derive_seeds(config.seed)
-    _train_or_record(rundir, config, str(key), load_prepared(rundir, config, seeds), seed=seeds["train"])
-
-
-def _train_or_record(rundir: RunDir, config: Config, name: str, data: PreparedData, *, seed: int) -> None:
+def train_or_record(rundir: RunDir, config: Config, name: str, data: PreparedData, *, seed: int) -> None:
+    """:func:`train_model`; a model that fails has its ``error.json`` (stage ``train``), and the
+    run goes on with the others."""
     md = rundir.model(name)
     try:
         train_model(rundir, config, name, data, seed=seed)
