@@ -22,7 +22,7 @@ from dpaudit.config import Config
 from dpaudit.errors import InputError
 from dpaudit.progress import log_file
 from dpaudit.rundir import RunDir
-from dpaudit.stages.artifacts import write_manifest
+from dpaudit.stages.artifacts import record_failure, write_manifest
 
 log = logging.getLogger(__name__)
 
@@ -131,8 +131,7 @@ def _run(rundir: RunDir, config: Config, *, until: str, fresh: bool) -> RunResul
 
 
 def _fail(result: RunResult, md, stage: str, err: BaseException) -> None:
-    log.error("model %s failed in the %s stage: %s", md.name, stage, err, exc_info=not isinstance(err, InputError))
-    md.write_error(stage=stage, error=err)
+    record_failure(md, stage=stage, error=err)
     result.failed[md.name] = f"{stage}: {err}"
 
 

@@ -11,6 +11,7 @@ round trip, tested over every artifact).
 
 from __future__ import annotations
 
+import logging
 import os
 import platform
 import subprocess
@@ -264,3 +265,11 @@ def _hardware() -> dict[str, Any]:
     if torch.cuda.is_available():
         info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
     return info
+
+
+def record_failure(md: ModelDir, *, stage: str, error: BaseException) -> None:
+    """A model that failed in ``stage``: logged (with its traceback unless an input error) and
+    written to its ``error.json``; the run goes on with the others."""
+    logging.getLogger("dpaudit.stages").error("model %s failed in the %s stage: %s", md.name, stage, error,
+                                              exc_info=not isinstance(error, InputError))
+    md.write_error(stage=stage, error=error)

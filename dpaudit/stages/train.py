@@ -21,7 +21,7 @@ from dpaudit.errors import InputError
 from dpaudit.progress import label
 from dpaudit.rundir import ModelDir, RunDir, staged_directory
 from dpaudit.seeds import derive_seed, name_key
-from dpaudit.stages.artifacts import write_training
+from dpaudit.stages.artifacts import record_failure, write_training
 from dpaudit.stages.prepare import PreparedData
 
 log = logging.getLogger(__name__)
@@ -103,8 +103,7 @@ def train_or_record(rundir: RunDir, config: Config, name: str, data: PreparedDat
         train_model(rundir, config, name, data, seed=seed)
         md.clear_error()
     except Exception as err:  # noqa: BLE001 - a model fails alone; its error.json says why
-        log.error("model %s failed in the train stage: %s", name, err, exc_info=not isinstance(err, InputError))
-        md.write_error(stage="train", error=err)
+        record_failure(md, stage="train", error=err)
 
 
 def train_model(rundir: RunDir, config: Config, name: str, data: PreparedData, *, seed: int) -> ModelDir:
