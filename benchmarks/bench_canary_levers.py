@@ -33,7 +33,10 @@ canaries of 2 tokens, the ``new_token_bare`` set, at full batch); and ``pairs``
 run prepared with them, as the demo is), ``pairs_redrawn`` (the same, with the canary tokens'
 rows drawn afresh from the normal law of the other rows' mean and covariance) and
 ``pairs_sgd1``, ``pairs_sgd3`` (the same, trained by plain SGD at learning rate 1 and 3),
-``pairs500`` and ``quads500`` (500 canaries of two and of four new tokens).
+``pairs500`` and ``quads500`` (500 canaries of two and of four new tokens), ``pairs_zero_body`` (the
+canary rows isolated as the train stage now does on a new run's base: on a run prepared before,
+``pairs`` has them as pretraining left them) and ``pairs_zero_body_sgd1`` (the same, trained by
+plain SGD at learning rate 1).
 
 Besides the five scores, two black-box ones: ``secret contrast``, a canary's secret-token
 log-probabilities minus the mean log-probability of the whole new-token pool at the same
@@ -76,6 +79,9 @@ LEVERS = {
     "pairs_redrawn": {"set": "new_token_pairs", "distinct": True, "redrawn": True},
     "pairs_sgd1": {"set": "new_token_pairs", "distinct": True, "optimizer": "sgd", "lr": 1.0},
     "pairs_sgd3": {"set": "new_token_pairs", "distinct": True, "optimizer": "sgd", "lr": 3.0},
+    "pairs_zero_body": {"set": "new_token_pairs", "distinct": True, "zero_body": True},
+    "pairs_zero_body_sgd1": {"set": "new_token_pairs", "distinct": True, "zero_body": True, "optimizer": "sgd",
+                             "lr": 1.0},
     "pairs500": {"set": "new_token_pairs", "distinct": True, "num": 500},
     "quads500": {"set": "new_token_pairs", "distinct": True, "num": 500, "length": 4},
 }
@@ -183,6 +189,19 @@ def redrawn_base(rundir, tokenizer, spec, out: Path, *, seed: int) -> Path:
     return out
 
 
+def zero_body_base(rundir, tokenizer, spec, canaries, out: Path) -> Path:
+    """A copy of the base with the new-token rows isolated (:func:`dpaudit.models.isolate_token_rows`,
+    what the train stage does to the base of a run with new-token canaries)."""
+    from dpaudit.canaries import new_tokens
+    from dpaudit.models import isolate_token_rows, load_model, save_model
+
+    model = load_model(rundir.base_dir)
+    isolate_token_rows(model, token_ids=tokenizer.convert_tokens_to_ids(new_tokens(spec)),
+                       example_ids=tokenizer(canaries[0].text)["input_ids"])
+    save_model(model, tokenizer, out)
+    return out
+
+
 def measure(rundir, *, lever: dict, num: int, epsilon: float, seed: int, work: Path, model: str | None = None) -> dict:
     import datasets
 
@@ -203,7 +222,8 @@ def measure(rundir, *, lever: dict, num: int, epsilon: float, seed: int, work: P
     embedding_only = lever.get("trainable") == "input_embeddings"
     included = np.array([c.included for c in canaries])
     base_dir = (equalized_base(rundir, tok, spec, work / "base") if lever.get("same_init")
-                else redrawn_base(rundir, tok, spec, work / "base", seed=seed) if lever.get("redrawn") else rundir.base_dir)
+                else redrawn_base(rundir, tok, spec, work / "base", seed=seed) if lever.get("redrawn")
+                else zero_body_base(rundir, tok, spec, canaries, work / "base") if lever.get("zero_body") else rundir.base_dir)
     base = load_model(base_dir)
     pool_ids = tok.convert_tokens_to_ids(new_tokens(spec))
     missing = sum(i is None or i == tok.unk_token_id for i in pool_ids)

@@ -6,6 +6,7 @@ Models are saved with ``save_pretrained`` (safetensors) so that plain
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import torch
@@ -235,3 +236,64 @@ def save_model(model: PreTrainedModel, tokenizer, directory: str | Path) -> None
         model = model.merge_and_unload()
     model.save_pretrained(directory, safe_serialization=True)
     tokenizer.save_pretrained(directory)
+
+
+def isolate_token_rows(model: PreTrainedModel, *, token_ids, example_ids, mass: float = 0.999,
+                       steps: int = 2000) -> float:
+    """Give the tokens ``token_ids`` (the pool of new-token canaries, never in the data) one
+    shared embedding row v, chosen so that a canary's loss has almost no gradient on the hidden
+    states that predict its new tokens; returns the largest next-token probability those
+    states leave off the pool (at most ``1 - mass`` unless ``steps`` did not suffice).
+
+    At a hidden state h that predicts a new token, d loss / d h = sum_j p_j w_j - w_target
+    (w: the output rows). When the model puts its next-token mass M on the pool, whose rows
+    all equal v, this is (1 - M) (mean of the other rows under p - v): nothing reaches the
+    shared weights, and a canary's clipped gradient lies on the output rows, nearly all of it
+    on the row of the token it predicts, which no other canary trains. Where the rows are
+    left as pretraining pushed them (its softmax moves every unseen token's row the same way),
+    the canaries' gradients share one direction on the shared weights, most of their norm,
+    and one canary's score moves with the inclusions of the others, so the one-run audit
+    (Steinke, Nasr, Jagielski 2023, arXiv 2305.08846), which counts canaries as independent
+    mechanisms, sees less of each (docs/ceilings.md). v (input and output rows apart when the
+    model does not tie them) starts at the rows' mean and follows gradient descent on
+    -log M at each position of ``example_ids`` (one canary's token ids) that predicts a new
+    token, until every M reaches ``mass``."""
+    ids = torch.as_tensor(list(token_ids), dtype=torch.long)
+    example = torch.as_tensor(list(example_ids), dtype=torch.long)
+    inputs, head = model.get_input_embeddings().weight, model.get_output_embeddings()
+    tied = head.weight is inputs
+    targets = torch.nonzero(torch.isin(example[1:], ids)).flatten()  # the positions that predict a new token
+    if len(targets) == 0:
+        raise InputError("the example canary predicts none of the tokens whose rows would be isolated")
+    v_in = inputs.detach()[ids].mean(0).clone().requires_grad_(True)
+    v_out = v_in if tied else head.weight.detach()[ids].mean(0).clone().requires_grad_(True)
+    free = [v_in] if tied else [v_in, v_out]
+    new_input = torch.isin(example, ids)[None, :, None]
+    others = torch.ones(head.weight.shape[0], dtype=torch.bool).index_fill_(0, ids, False)
+    was_training = model.training
+    model.train(False)
+
+    def log_mass() -> torch.Tensor:  # log M at each position that predicts a new token
+        h = model.base_model(inputs_embeds=torch.where(new_input, v_in, inputs.detach()[example][None])
+                             ).last_hidden_state[0, targets]
+        logits = torch.cat([h @ head.weight.detach()[others].T, (h @ v_out)[:, None]], 1)
+        if head.bias is not None:
+            logits = logits + torch.cat([head.bias.detach()[others], head.bias.detach()[ids].logsumexp(0)[None]])
+        else:
+            logits[:, -1] += math.log(len(ids))
+        return logits.log_softmax(-1)[:, -1]
+
+    opt = torch.optim.Adam(free, lr=0.02)
+    for _ in range(steps):
+        lm = log_mass()
+        if float(lm.detach().min()) >= math.log(mass):
+            break
+        opt.zero_grad()
+        (-lm.sum()).backward(inputs=free)
+        opt.step()
+    with torch.no_grad():
+        left = float(1 - log_mass().exp().min())
+        inputs[ids] = v_in
+        head.weight[ids] = v_out
+    model.train(was_training)
+    return left

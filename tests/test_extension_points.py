@@ -183,6 +183,6 @@ def test_a_trainer_named_by_module_function_reaches_the_report(tmp_path):
     record = snapshot.models[0].record
     assert record == DpRecord.nonprivate(trainer=TOY_TRAINER, num_units=NUM_UNITS, steps=3,
                                          expected_batch_size=config.train.batch_size, sampler="shuffle")
-    assert record.epsilon() == float("inf") and snapshot.models[0].lr_factors is None
+    assert record.epsilon() == float("inf") and snapshot.models[0].step_weights is None
     dp = assemble(snapshot).report["models"][0]
     assert dp["privacy"] == "non_private" and dp["dp"]["trainer"] == TOY_TRAINER

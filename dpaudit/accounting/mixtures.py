@@ -40,7 +40,7 @@ def group_epsilon(*, noise_multiplier: float, sample_rate: float, steps: int, de
 
 
 def last_iterate_epsilon(*, noise_multiplier: float, sample_rate: float, steps: int, delta: float,
-                         lr_factors: Sequence[float] | None = None) -> float:
+                         step_weights: Sequence[float] | None = None) -> float:
     """The last-iterate heuristic epsilon of DP-SGD (Steinke et al. 2025, "The Last Iterate
     Advantage: Empirical Auditing and Principled Heuristic Analysis of Differentially Private
     SGD", ICLR 2025, arXiv 2410.06186).
@@ -48,7 +48,9 @@ def last_iterate_epsilon(*, noise_multiplier: float, sample_rate: float, steps: 
     On linear losses, SGD's final iterate shows a canary only through the sum of its
     clipped gradients over the steps it was sampled in, under the sum of all the steps'
     noise: one observation sum_t w_t b_t + N(0, sigma^2 sum_t w_t^2), with b_t ~ Bernoulli(q)
-    and w_t the learning rate of step t (``lr_factors``, relative; constant when None). Its
+    and w_t the share of step t's sum in the final model (``step_weights``, relative: its
+    learning rate, and what the optimizer applied of it, :func:`dpaudit.train.plan.step_weights`;
+    constant when None). Its
     epsilon at ``delta`` (a mixture-of-Gaussians PLD) is the heuristic: what a black-box
     audit of the final model can hope to show. It is not an upper bound on the privacy
     loss; the paper reports that none of the black-box audits it ran exceeded it.
@@ -62,9 +64,9 @@ def last_iterate_epsilon(*, noise_multiplier: float, sample_rate: float, steps: 
 
     sigma, q, steps, delta = (check_noise(noise_multiplier), check_sample_rate(sample_rate),
                               check_steps(steps), check_delta_range(delta))
-    w = np.ones(steps) if lr_factors is None else np.asarray(lr_factors, dtype=float)
+    w = np.ones(steps) if step_weights is None else np.asarray(step_weights, dtype=float)
     if w.shape != (steps,) or not np.all(np.isfinite(w)) or (w < 0).any() or not (w > 0).any():
-        raise InputError(f"lr_factors must be {steps} non-negative numbers, not all 0")
+        raise InputError(f"step_weights must be {steps} non-negative numbers, not all 0")
     w = w / w.max()
     noise = sigma * math.sqrt(float(np.sum(w ** 2)))
     if np.all(w == 1.0):

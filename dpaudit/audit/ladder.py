@@ -18,7 +18,9 @@ its regime (noise multiplier sigma, Poisson rate q, T steps, m canaries, the sam
 and significance): each canary's score is the statistic a perfect attack on the final model
 of linear losses sees (Steinke et al. 2025, arXiv 2410.06186), k + N(0, T sigma^2) with
 k ~ Binomial(T, q) the steps that sampled it (0 when left out), in units of the clipping
-norm; for Dirac gradient canaries this is their score exactly. The ideal is what a perfect
+norm; for Dirac gradient canaries this is their score exactly. A released model's steps count
+as much as its optimizer applied of each (its *step weights*: momentum leaves the last steps'
+sums partly unapplied; :func:`dpaudit.train.plan.step_weights`). The ideal is what a perfect
 attack shows on a run that keeps its claim: a rung far below its ideal has a weak attack, an
 ideal far below the claim is an audit whose design (m, q, T) could not have come near it. It is
 not the verdict's ceiling (:func:`dpaudit.audit.ceilings`, every guess right), which says
@@ -110,12 +112,23 @@ class Rung:
 
 
 def ideal_scores(rng: np.random.Generator, *, member: np.ndarray, noise_multiplier: float, sample_rate: float,
-                 steps: int) -> np.ndarray:
+                 steps: int, step_weights: Sequence[float] | None = None) -> np.ndarray:
     """Each canary's ideal score in its regime, in units of the clipping norm: the steps that
-    sampled it (Binomial(T, q) for a member, 0 otherwise) plus N(0, T sigma^2)."""
+    sampled it (Binomial(T, q) for a member, 0 otherwise) plus N(0, T sigma^2). With
+    ``step_weights`` w (the share of each step in the final model,
+    :func:`dpaudit.train.plan.step_weights`; relative to the largest): sum_t w_t b_t, with b_t ~
+    Bernoulli(q) for a member, plus N(0, sigma^2 sum_t w_t^2)."""
     member = np.asarray(member, dtype=bool)
-    k = rng.binomial(steps, sample_rate, size=member.size) * member
-    return k + rng.normal(0.0, math.sqrt(steps) * noise_multiplier, size=member.size)
+    w = None if step_weights is None else np.asarray(step_weights, dtype=float) / max(step_weights)
+    if w is None or np.all(w == 1.0):
+        k = rng.binomial(steps, sample_rate, size=member.size) * member
+        return k + rng.normal(0.0, math.sqrt(steps) * noise_multiplier, size=member.size)
+    if w.shape != (steps,):
+        raise InputError(f"step_weights must have one weight per step ({steps}), got {w.shape[0]}")
+    k = np.zeros(member.size)
+    for start in range(0, member.size, 4096):  # sum_t w_t b_t, 4,096 canaries at a time
+        k[start:start + 4096] = (rng.random((min(4096, member.size - start), steps)) < sample_rate) @ w
+    return k * member + rng.normal(0.0, math.sqrt(float(w @ w)) * noise_multiplier, size=member.size)
 
 
 def rung_bound(scores: CanaryScores, *, methods: Sequence[str], noise_multiplier: float, sample_rate: float,
@@ -137,16 +150,18 @@ def rung_bound(scores: CanaryScores, *, methods: Sequence[str], noise_multiplier
 
 def ideal_bounds(*, noise_multiplier: float, sample_rate: float, steps: int, num_canaries: int, delta: float,
                  significance: float, methods: Sequence[str], strategy: Strategy | None = None, trials: int = 5,
-                 seed: int = 0) -> list[float]:
-    """The rung's bound on the ideal scores of its regime (:func:`ideal_scores`), ``trials``
-    times: each a draw of m canaries, each in with probability 1/2."""
+                 seed: int = 0, step_weights: Sequence[float] | None = None) -> list[float]:
+    """The rung's bound on the ideal scores of its regime (:func:`ideal_scores`, with
+    ``step_weights`` for a final model), ``trials`` times: each a draw of m canaries, each in
+    with probability 1/2. The tests are those of the claim (sigma, q, T) whatever the weights."""
     family = dict(noise_multiplier=noise_multiplier, sample_rate=sample_rate, steps=steps)
     return [rung_bound(cs, methods=methods, **family, delta=delta, significance=significance, strategy=strategy).epsilon
-            for cs in _ideal_draws(**family, num_canaries=num_canaries, trials=trials, seed=seed)]
+            for cs in _ideal_draws(**family, num_canaries=num_canaries, trials=trials, seed=seed,
+                                   step_weights=step_weights)]
 
 
 def _ideal_draws(*, noise_multiplier: float, sample_rate: float, steps: int, num_canaries: int, trials: int,
-                 seed: int) -> list[CanaryScores]:
+                 seed: int, step_weights: Sequence[float] | None = None) -> list[CanaryScores]:
     """``trials`` draws of the ideal scores of m canaries, each in with probability 1/2."""
     if trials < 1:
         raise InputError(f"trials must be at least 1, got {trials}")
@@ -154,7 +169,8 @@ def _ideal_draws(*, noise_multiplier: float, sample_rate: float, steps: int, num
     out = []
     for _ in range(trials):
         member = rng.random(num_canaries) < 0.5
-        s = ideal_scores(rng, member=member, noise_multiplier=noise_multiplier, sample_rate=sample_rate, steps=steps)
+        s = ideal_scores(rng, member=member, noise_multiplier=noise_multiplier, sample_rate=sample_rate, steps=steps,
+                         step_weights=step_weights)
         out.append(CanaryScores(in_scores=s[member], out_scores=s[~member], seed=0))
     return out
 

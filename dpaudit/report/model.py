@@ -256,16 +256,16 @@ def _audit(bounds, verdict, ceilings: dict[str, float], ceiling: float | None) -
     return audit
 
 
-def _last_iterate(dp: dict, lr_factors, warn) -> float | None:
+def _last_iterate(dp: dict, step_weights, warn) -> float | None:
     """The last-iterate heuristic epsilon (:func:`dpaudit.accounting.last_iterate_epsilon`)
-    at the run's delta, with the learning-rate schedule of the toolkit's own loop (a plug-in's
-    schedule is unknown: constant is assumed)."""
+    at the run's delta, with the step weights of the toolkit's own loop (a plug-in's update
+    rule is unknown: plain SGD at a constant rate is assumed)."""
     from dpaudit.accounting import last_iterate_epsilon
 
     try:
         return last_iterate_epsilon(noise_multiplier=dp["noise_multiplier"], sample_rate=dp["sample_rate"],
                                     steps=dp["steps"], delta=dp["delta"],
-                                    lr_factors=list(lr_factors) if lr_factors is not None else None)
+                                    step_weights=list(step_weights) if step_weights is not None else None)
     except InputError as err:
         warn(f"last-iterate heuristic not computed: {err}")
         return None
@@ -367,7 +367,7 @@ def model_entry(model: ModelSnapshot, *, include_texts: bool, repetitions: int,
     if group_note:
         warn(group_note)
     if privacy == "dp" and None not in (dp["noise_multiplier"], dp["sample_rate"], dp["steps"], dp["delta"]):
-        dp["last_iterate_epsilon"] = _last_iterate(dp, model.lr_factors, warn)
+        dp["last_iterate_epsilon"] = _last_iterate(dp, model.step_weights, warn)
     for key, groups in (("notes", ((extraction or {}).get("patient_secrets") or {}).get("groups")),
                         ("repetitions", ((extraction or {}).get("secrets") or {}).get("groups"))):
         if privacy == "dp" and groups:  # a patient's k notes, or r copies of one canary: a group

@@ -26,8 +26,9 @@ class Unreadable:
 class ModelSnapshot:
     """One model's artifacts (``models/NAME/``). ``record`` is its
     :class:`~dpaudit.accounting.DpRecord` (None: its trainer wrote none); ``results`` maps an
-    attack to ``{"params", "splits", "arrays"}``; ``lr_factors`` is the learning-rate schedule
-    of the toolkit's own loop (None for a plug-in trainer, whose schedule is unknown);
+    attack to ``{"params", "splits", "arrays"}``; ``step_weights`` the share of each step in
+    its final model under the toolkit's own loop (:func:`dpaudit.train.plan.step_weights`;
+    None for a plug-in trainer, whose update rule is unknown);
     ``ladder`` its threat-model ladder, a list of :class:`~dpaudit.audit.ladder.Rung` (None:
     the ladder was not run for it); ``record_nll`` and ``unit_clipping`` feed its groups
     (:mod:`dpaudit.report.groups`)."""
@@ -41,7 +42,7 @@ class ModelSnapshot:
     results: dict | Unreadable = field(default_factory=dict)
     extraction: dict | Unreadable | None = None
     multi_run: dict | Unreadable | None = None
-    lr_factors: tuple[float, ...] | None = None
+    step_weights: tuple[float, ...] | None = None
     ladder: list | Unreadable | None = None
     # per candidate record (the attacks' order): (negative log-likelihood summed over its
     # scored tokens, the number of those tokens) under the model; None: not scored yet

@@ -65,19 +65,17 @@ def _records(rundir: RunDir) -> tuple | None:
 
 def _model_snapshot(md: ModelDir, config, records: tuple | None = None) -> ModelSnapshot:
     record = _read(read_dp_record, md)
-    lr_factors = None
+    weights = None
     if config is not None and not isinstance(record, Unreadable) and record is not None and record.private \
             and record.steps:
-        train = config.for_model(md.name).train
-        if train.trainer.startswith("dpaudit.train"):  # the toolkit's own loop: its schedule is known
-            from dpaudit.train.plan import lr_factors as schedule
+        from dpaudit.train.plan import step_weights
 
-            lr_factors = tuple(schedule(train, record.steps))
+        weights = step_weights(config.for_model(md.name).train, record.steps)
     return ModelSnapshot(
         name=md.name, exists=md.root.is_dir(), error=_read(md.read_error), record=record,
         log=_read(md.read_train_log), checks=_read(md.read_train_checks),
         results=_read(md.read_results) if md.results_dir.is_dir() else {}, extraction=_read(md.read_extraction),
-        multi_run=_read(md.read_multi_run), lr_factors=lr_factors, ladder=_read(read_ladder, md),
+        multi_run=_read(md.read_multi_run), step_weights=None if weights is None else tuple(weights), ladder=_read(read_ladder, md),
         record_nll=_read(_record_nll, md, len(records)) if records else None,
         unit_clipping=_read(read_unit_clipping, md) if records else None)
 

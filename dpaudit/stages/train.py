@@ -83,8 +83,29 @@ def train_base(rundir: RunDir, config: Config, data: PreparedData, *, seed: int)
         raise InputError("pretrain.enabled but the run has no public records (data.public_fraction)")
     cfg = dataclasses.replace(config, train=config.pretrain_train())
     with label("base"), staged_directory(rundir.base_dir) as stage:
-        train_and_save(stage, dataset=data.public_set, tokenizer=data.tokenizer, seed=model_seed(seed, "base"),
-                       config=cfg, eval_dataset=data.eval_set)
+        model = train_and_save(stage, dataset=data.public_set, tokenizer=data.tokenizer,
+                               seed=model_seed(seed, "base"), config=cfg, eval_dataset=data.eval_set)
+        isolate_canary_rows(model, config, data, directory=stage)
+
+
+def isolate_canary_rows(model, config: Config, data: PreparedData, *, directory: Path) -> None:
+    """Save the base again with its new-token canaries' rows isolated
+    (:func:`dpaudit.models.isolate_token_rows`): pretraining never sees those tokens, and
+    its softmax pushes all their rows one way, which the fine-tune's canaries would share."""
+    from dpaudit.canaries import load_canary_spec, new_tokens
+    from dpaudit.models import isolate_token_rows, save_model
+
+    example = next((c for c in data.canaries if c.kind == "new_token"), None)
+    if example is None:
+        return
+    tok = data.tokenizer
+    pool = tok.convert_tokens_to_ids(new_tokens(load_canary_spec(config.canaries.set)))
+    left = isolate_token_rows(model, token_ids=pool, example_ids=tok(example.text)["input_ids"])
+    if left > 0.01:
+        log.warning("base: the new-token canaries' rows could not be isolated: the base leaves %.2f of the "
+                    "next-token probability off them where a canary predicts one, so their gradients share "
+                    "that part of the shared weights", left)
+    save_model(model, tok, directory)
 
 
 def train_models(rundir: RunDir, config: Config, data: PreparedData, *, seed: int, skip: Sequence[str] = ()) -> None:

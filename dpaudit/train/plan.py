@@ -8,6 +8,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from dpaudit import accounting
@@ -155,6 +156,43 @@ def lr_factors(train: TrainConfig, steps: int) -> list[float]:
     """:func:`lr_factor` of every step of a run of ``steps`` steps with ``train``'s schedule."""
     return [lr_factor(t, schedule=train.schedule, warmup_steps=train.warmup_steps, total_steps=steps)
             for t in range(steps)]
+
+
+def step_weights(train: TrainConfig, steps: int) -> list[float] | None:
+    """How much of each step's noisy gradient sum the final model holds, for linear losses,
+    relative to the step it holds most of: the weights of the last-iterate statistic
+    (Steinke et al. 2025, arXiv 2410.06186; :func:`dpaudit.accounting.last_iterate_epsilon`)
+    under this loop's optimizer (:func:`make_optimizer`) and schedule (:func:`lr_factors`).
+    Plain SGD at a constant rate weighs every step alike. Momentum spreads a step's sum over
+    the steps after it, so the last steps' sums are only partly applied when training stops.
+    AdamW is taken where DP noise dominates its second moment, on every coordinate a canary
+    moves (Tang et al. 2023, "DP-AdamBC", arXiv 2312.14334): noise of constant power, about
+    which its update is linearized; the response of step t's update to step s's sum is then
+    on average a_ts (1 - c_ts), a_ts and c_ts the bias-corrected weights of step s in the first
+    and second moments at step t (the second moment holds the sum too, and normalizes part of
+    it away: all of it at the first step, whose update is a sign). Weight decay shrinks the
+    earlier steps' share. None for a trainer other than the toolkit's own loop: its update
+    rule is unknown."""
+    if not train.trainer.startswith("dpaudit.train"):
+        return None
+    lr = train.lr * np.asarray(lr_factors(train, steps))
+    theta, moment = np.zeros(steps), np.zeros(steps)  # the response of the final model to each step's sum
+    beta1, beta2 = 0.9, 0.999  # torch.optim.AdamW's defaults, which make_optimizer keeps
+    for t in range(steps):
+        g = np.zeros(steps)
+        g[t] = 1.0
+        if train.optimizer == "adamw":
+            age = t - np.arange(t + 1)
+            first = (1 - beta1) * beta1 ** age / (1 - beta1 ** (t + 1))
+            second = (1 - beta2) * beta2 ** age / (1 - beta2 ** (t + 1))
+            theta = theta * (1 - lr[t] * train.weight_decay)
+            theta[: t + 1] -= lr[t] * first * (1 - second)
+        else:  # torch.optim.SGD: coupled weight decay, heavy-ball momentum without dampening
+            d = g + train.weight_decay * theta
+            moment = d if t == 0 else train.momentum * moment + d
+            theta = theta - lr[t] * moment
+    weights = -theta
+    return (weights / weights.max()).tolist() if weights.max() > 0 else None
 
 
 def make_optimizer(params: Sequence[torch.nn.Parameter], train: TrainConfig) -> torch.optim.Optimizer:

@@ -212,3 +212,21 @@ def test_every_claim_of_the_demo_is_testable():
                                      num_canaries=config.audit.ladder.gradient_canaries, delta=config.train.dp.delta,
                                      significance=rung_significance(config),
                                      strategy=BonferroniStrategy(grid=(max(GUESS_FRACTIONS),))) > eps
+
+
+def test_weighted_ideal_scores_follow_the_step_by_step_final_model():
+    """With step weights w: each step adds w_t (when it samples a member) and N(0, (w_t sigma)^2)."""
+    member, w, q, sigma = np.arange(40_000) % 2 == 0, np.array([1.0, 0.5, 0.5, 0.25]), 0.3, 0.8
+    fast = ideal_scores(np.random.default_rng(0), member=member, noise_multiplier=sigma, sample_rate=q, steps=4,
+                        step_weights=w * 3)  # relative: scaled to the largest
+    rng, slow = np.random.default_rng(1), np.zeros(member.size)
+    for wt in w:
+        slow += wt * ((rng.random(member.size) < q) * member + rng.normal(0.0, sigma, member.size))
+    for side in (member, ~member):
+        assert stats.ks_2samp(fast[side], slow[side]).pvalue > 1e-3
+    assert fast[member].mean() == pytest.approx(q * w.sum(), abs=0.02)
+    uniform = dict(member=member, noise_multiplier=sigma, sample_rate=q, steps=4)
+    assert np.array_equal(ideal_scores(np.random.default_rng(2), **uniform, step_weights=[2.0] * 4),
+                          ideal_scores(np.random.default_rng(2), **uniform))  # equal weights: the same draws
+    with pytest.raises(InputError, match="one weight per step"):
+        ideal_scores(np.random.default_rng(0), **uniform, step_weights=[1.0, 0.5])

@@ -164,7 +164,7 @@ def test_last_iterate_heuristic_at_full_batch_is_the_accountants_epsilon(sigma):
     T and noise sigma T^(1/2), as the composition of the T steps is (the mixture PLD of
     dp_accounting fails on a single point at sigma 1.088, the demo's epsilon 16)."""
     common = dict(noise_multiplier=sigma, sample_rate=1.0, steps=10, delta=1e-5)
-    assert accounting.last_iterate_epsilon(**common, lr_factors=[1.0] * 10) == pytest.approx(
+    assert accounting.last_iterate_epsilon(**common, step_weights=[1.0] * 10) == pytest.approx(
         accounting.epsilon(**common), rel=1e-4)
 
 
@@ -172,9 +172,9 @@ def test_last_iterate_heuristic_with_a_schedule():
     common = dict(noise_multiplier=0.96, sample_rate=0.1, steps=20, delta=1e-5)
     flat = accounting.last_iterate_epsilon(**common)
     # the general path (rounded levels) agrees with the constant one on a nearly constant schedule
-    assert accounting.last_iterate_epsilon(**common, lr_factors=[1.0] * 19 + [0.999]) == pytest.approx(flat, rel=1e-3)
+    assert accounting.last_iterate_epsilon(**common, step_weights=[1.0] * 19 + [0.999]) == pytest.approx(flat, rel=1e-3)
     # a warmup puts less weight on some steps' signal: less to see than with a constant rate
-    warm = accounting.last_iterate_epsilon(**common, lr_factors=[(i + 1) / 20 for i in range(20)])
+    warm = accounting.last_iterate_epsilon(**common, step_weights=[(i + 1) / 20 for i in range(20)])
     assert warm < flat
-    with pytest.raises(InputError, match="lr_factors"):
-        accounting.last_iterate_epsilon(**common, lr_factors=[0.0] * 20)
+    with pytest.raises(InputError, match="step_weights"):
+        accounting.last_iterate_epsilon(**common, step_weights=[0.0] * 20)

@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pytest
 import torch
 from recorded import train_recorded
 
 from dpaudit import accounting
-from dpaudit.config import load_config
+from dpaudit.config import TrainConfig, load_config
 from dpaudit.errors import InputError
 from dpaudit.train import dpsgd, nonprivate
 from dpaudit.train.plan import lr_factor, num_steps
@@ -255,3 +256,46 @@ def test_demo_sized_dpsgd_user_level(make_dataset, tokenizer, tmp_path):
     assert checks["ok"], checks
     record = json.loads((tmp_path / "dp_event.json").read_text())
     assert record["num_units"] == 50 and record["epsilon"] <= 8
+
+
+def _impulse_responses(make, steps, *, adam, copies=4000):
+    """The final parameter's response to a unit gradient at each step, from torch's own
+    optimizer: one coordinate per step. For AdamW every coordinate also gets noise of size 1
+    at every step (random signs: noise of constant power), the response is the difference that
+    an impulse of 1e-4 makes, averaged over ``copies`` independent coordinates."""
+    rng = np.random.default_rng(0)
+    n = copies if adam else 1
+    g = torch.from_numpy(rng.choice([-1.0, 1.0], size=(steps, n, steps))) if adam \
+        else torch.zeros(steps, n, steps, dtype=torch.float64)
+    finals = []
+    for impulse in (0.0, 1e-4):
+        p = torch.zeros(n, steps, dtype=torch.float64, requires_grad=True)
+        opt, sched = make([p])
+        for t in range(steps):
+            p.grad = g[t].clone()
+            p.grad[:, t] += impulse
+            opt.step()
+            sched.step()
+        finals.append(p.detach().clone())
+    return -(finals[1] - finals[0]).mean(0).numpy() / 1e-4
+
+
+@pytest.mark.parametrize("optimizer, extra", [("sgd", {}), ("sgd", {"momentum": 0.9, "weight_decay": 0.1}),
+                                              ("adamw", {}), ("adamw", {"weight_decay": 0.5})])
+def test_step_weights_are_torchs_own_final_model(optimizer, extra):
+    """plan.step_weights against the optimizers of make_optimizer, run step by step."""
+    from dpaudit.train.plan import make_optimizer, step_weights
+
+    steps = 12
+    train = TrainConfig(trainer="dpaudit.train:dpsgd", optimizer=optimizer, lr=0.1, schedule="cosine", warmup_steps=3,
+                        **extra)
+
+    def make(params):
+        opt = make_optimizer(params, train)
+        return opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(
+            s, schedule=train.schedule, warmup_steps=train.warmup_steps, total_steps=steps))
+
+    expected = _impulse_responses(make, steps, adam=optimizer == "adamw")
+    assert step_weights(train, steps) == pytest.approx(expected / expected.max(), abs=0.02)
+    assert step_weights(TrainConfig(trainer="dpaudit.train:dpsgd", optimizer="sgd"), 5) == [1.0] * 5
+    assert step_weights(TrainConfig(trainer="my_pkg.train:loop"), 5) is None  # a plug-in's rule is unknown
