@@ -179,8 +179,6 @@ def step_weights(train: TrainConfig, steps: int) -> list[float] | None:
     theta, moment = np.zeros(steps), np.zeros(steps)  # the response of the final model to each step's sum
     beta1, beta2 = 0.9, 0.999  # torch.optim.AdamW's defaults, which make_optimizer keeps
     for t in range(steps):
-        g = np.zeros(steps)
-        g[t] = 1.0
         if train.optimizer == "adamw":
             age = t - np.arange(t + 1)
             first = (1 - beta1) * beta1 ** age / (1 - beta1 ** (t + 1))
@@ -188,7 +186,8 @@ def step_weights(train: TrainConfig, steps: int) -> list[float] | None:
             theta = theta * (1 - lr[t] * train.weight_decay)
             theta[: t + 1] -= lr[t] * first * (1 - second)
         else:  # torch.optim.SGD: coupled weight decay, heavy-ball momentum without dampening
-            d = g + train.weight_decay * theta
+            d = train.weight_decay * theta
+            d[t] += 1.0  # step t's sum
             moment = d if t == 0 else train.momentum * moment + d
             theta = theta - lr[t] * moment
     weights = -theta
