@@ -157,11 +157,11 @@ def cross_talk(model, tokenizer, canaries, pool_ids, embedding_only: bool = Fals
 
 def equalized_base(rundir, tokenizer, spec, out: Path) -> Path:
     """A copy of the base whose canary-token embeddings all equal their mean."""
-    from dpaudit.canaries import new_tokens
+    from dpaudit.canaries import canary_token_ids
     from dpaudit.models import load_model, save_model
 
     model = load_model(rundir.base_dir)
-    ids = tokenizer.convert_tokens_to_ids(new_tokens(spec))
+    ids = canary_token_ids(tokenizer, spec)
     with torch.no_grad():
         w = model.get_input_embeddings().weight
         w[ids] = w[ids].mean(0, keepdim=True)
@@ -173,11 +173,11 @@ def redrawn_base(rundir, tokenizer, spec, out: Path, *, seed: int) -> Path:
     """A copy of the base whose new-token rows are drawn afresh from the normal law with the
     mean and covariance of the other rows (what ``resize_token_embeddings`` does for tokens
     added after training): pretraining, which never sees them, pushes them all one way."""
-    from dpaudit.canaries import new_tokens
+    from dpaudit.canaries import canary_token_ids
     from dpaudit.models import load_model, save_model
 
     model = load_model(rundir.base_dir)
-    ids = torch.tensor(tokenizer.convert_tokens_to_ids(new_tokens(spec)))
+    ids = torch.tensor(canary_token_ids(tokenizer, spec))
     with torch.no_grad():
         w = model.get_input_embeddings().weight
         old = w[torch.ones(len(w), dtype=torch.bool).index_fill_(0, ids, False)]
@@ -192,11 +192,11 @@ def redrawn_base(rundir, tokenizer, spec, out: Path, *, seed: int) -> Path:
 def zero_body_base(rundir, tokenizer, spec, canaries, out: Path) -> Path:
     """A copy of the base with the new-token rows isolated (:func:`dpaudit.models.isolate_token_rows`,
     what the train stage does to the base of a run with new-token canaries)."""
-    from dpaudit.canaries import new_tokens
+    from dpaudit.canaries import canary_token_ids
     from dpaudit.models import isolate_token_rows, load_model, save_model
 
     model = load_model(rundir.base_dir)
-    isolate_token_rows(model, token_ids=tokenizer.convert_tokens_to_ids(new_tokens(spec)),
+    isolate_token_rows(model, token_ids=canary_token_ids(tokenizer, spec),
                        example_ids=tokenizer(canaries[0].text)["input_ids"])
     save_model(model, tokenizer, out)
     return out
@@ -206,7 +206,7 @@ def measure(rundir, *, lever: dict, num: int, epsilon: float, seed: int, work: P
     import datasets
 
     from dpaudit.audit import CanaryScores, claimed_curve_bound
-    from dpaudit.canaries import insert_canaries, new_tokens
+    from dpaudit.canaries import canary_token_ids, insert_canaries
     from dpaudit.data.corpus import tokenize_dataset
     from dpaudit.models import load_model
     from dpaudit.signals import compute_signals
@@ -225,7 +225,7 @@ def measure(rundir, *, lever: dict, num: int, epsilon: float, seed: int, work: P
                 else redrawn_base(rundir, tok, spec, work / "base", seed=seed) if lever.get("redrawn")
                 else zero_body_base(rundir, tok, spec, canaries, work / "base") if lever.get("zero_body") else rundir.base_dir)
     base = load_model(base_dir)
-    pool_ids = tok.convert_tokens_to_ids(new_tokens(spec))
+    pool_ids = canary_token_ids(tok, spec)
     missing = sum(i is None or i == tok.unk_token_id for i in pool_ids)
     if missing:  # they would be split into ordinary tokens: the lever would not be the one named
         raise SystemExit(f"the run's tokenizer lacks {missing} of the lever's {len(pool_ids)} new tokens: prepare "

@@ -401,6 +401,13 @@ def add_canary_tokens(tokenizer, spec: dict | str) -> int:
     return int(tokenizer.add_tokens(new_tokens(spec)))
 
 
+def canary_token_ids(tokenizer, spec: dict | str) -> list[int]:
+    """The ids in ``tokenizer`` of a ``new_token`` spec's pool (:func:`add_canary_tokens`);
+    none for the other kinds."""
+    spec = _resolve_spec(spec)
+    return tokenizer.convert_tokens_to_ids(new_tokens(spec)) if spec["kind"] == "new_token" else []
+
+
 def find_token_collisions(texts, spec: dict | str) -> list[str]:
     """The new-token strings of a ``new_token`` spec that occur in ``texts`` (should be
     none: new-token canaries rely on tokens that appear nowhere else)."""

@@ -120,11 +120,11 @@ def ideal_scores(rng: np.random.Generator, *, member: np.ndarray, noise_multipli
     Bernoulli(q) for a member, plus N(0, sigma^2 sum_t w_t^2)."""
     member = np.asarray(member, dtype=bool)
     w = None if step_weights is None else np.asarray(step_weights, dtype=float) / max(step_weights)
+    if w is not None and w.shape != (steps,):
+        raise InputError(f"step_weights must have one weight per step ({steps}), got {w.shape[0]}")
     if w is None or np.all(w == 1.0):
         k = rng.binomial(steps, sample_rate, size=member.size) * member
         return k + rng.normal(0.0, math.sqrt(steps) * noise_multiplier, size=member.size)
-    if w.shape != (steps,):
-        raise InputError(f"step_weights must have one weight per step ({steps}), got {w.shape[0]}")
     k = np.zeros(member.size)
     for start in range(0, member.size, 4096):  # sum_t w_t b_t, 4,096 canaries at a time
         k[start:start + 4096] = (rng.random((min(4096, member.size - start), steps)) < sample_rate) @ w

@@ -117,7 +117,7 @@ def _twin_base(rundir: RunDir, config: Config, canary_set: Path) -> Path | None:
     canary rows, isolated in its base (:func:`dpaudit.models.isolate_token_rows`), would
     otherwise draw the next-token mass after the twins' new tokens and shrink their canaries'
     gradients below the clipping norm. None without a starting model."""
-    from dpaudit.canaries import add_canary_tokens, load_canary_spec, new_tokens
+    from dpaudit.canaries import add_canary_tokens, canary_token_ids
     from dpaudit.data.tokenizer import load_tokenizer
     from dpaudit.models import load_model, save_model
 
@@ -132,8 +132,7 @@ def _twin_base(rundir: RunDir, config: Config, canary_set: Path) -> Path | None:
     trust = config.model.trust_remote_code
     tokenizer = load_tokenizer(start, trust_remote_code=trust)
     add_canary_tokens(tokenizer, str(canary_set))
-    spec = load_canary_spec(config.canaries.set)
-    run_pool = tokenizer.convert_tokens_to_ids(new_tokens(spec)) if spec["kind"] == "new_token" else []
+    run_pool = canary_token_ids(tokenizer, config.canaries.set)
     with staged_directory(out) as stage:
         model = load_model(start, trust_remote_code=trust)
         known = model.get_input_embeddings().weight.shape[0]

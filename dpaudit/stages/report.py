@@ -70,12 +70,13 @@ def _model_snapshot(md: ModelDir, config, records: tuple | None = None) -> Model
             and record.steps:
         from dpaudit.train.plan import step_weights
 
-        weights = step_weights(config.for_model(md.name).train, record.steps)
+        found = step_weights(config.for_model(md.name).train, record.steps)
+        weights = None if found is None else tuple(found)
     return ModelSnapshot(
         name=md.name, exists=md.root.is_dir(), error=_read(md.read_error), record=record,
         log=_read(md.read_train_log), checks=_read(md.read_train_checks),
         results=_read(md.read_results) if md.results_dir.is_dir() else {}, extraction=_read(md.read_extraction),
-        multi_run=_read(md.read_multi_run), step_weights=None if weights is None else tuple(weights), ladder=_read(read_ladder, md),
+        multi_run=_read(md.read_multi_run), step_weights=weights, ladder=_read(read_ladder, md),
         record_nll=_read(_record_nll, md, len(records)) if records else None,
         unit_clipping=_read(read_unit_clipping, md) if records else None)
 

@@ -85,21 +85,21 @@ def train_base(rundir: RunDir, config: Config, data: PreparedData, *, seed: int)
     with label("base"), staged_directory(rundir.base_dir) as stage:
         model = train_and_save(stage, dataset=data.public_set, tokenizer=data.tokenizer,
                                seed=model_seed(seed, "base"), config=cfg, eval_dataset=data.eval_set)
-        isolate_canary_rows(model, config, data, directory=stage)
+        _isolate_canary_rows(model, config, data, directory=stage)
 
 
-def isolate_canary_rows(model, config: Config, data: PreparedData, *, directory: Path) -> None:
+def _isolate_canary_rows(model, config: Config, data: PreparedData, *, directory: Path) -> None:
     """Save the base again with its new-token canaries' rows isolated
     (:func:`dpaudit.models.isolate_token_rows`): pretraining never sees those tokens, and
     its softmax pushes all their rows one way, which the fine-tune's canaries would share."""
-    from dpaudit.canaries import load_canary_spec, new_tokens
+    from dpaudit.canaries import canary_token_ids
     from dpaudit.models import isolate_token_rows, save_model
 
     example = next((c for c in data.canaries if c.kind == "new_token"), None)
     if example is None:
         return
     tok = data.tokenizer
-    pool = tok.convert_tokens_to_ids(new_tokens(load_canary_spec(config.canaries.set)))
+    pool = canary_token_ids(tok, config.canaries.set)
     left = isolate_token_rows(model, token_ids=pool, example_ids=tok(example.text)["input_ids"])
     if left > 0.01:
         log.warning("base: the new-token canaries' rows could not be isolated: the base leaves %.2f of the "
