@@ -4,6 +4,7 @@
     python benchmarks/bench_audit_power.py --seeds 3 --out DIR [--json]
     python benchmarks/bench_audit_power.py --run RUN --ladder-seeds 3 [--json]
     python benchmarks/bench_audit_power.py --run RUN [--run RUN ...] --own-share 0.13
+    python benchmarks/bench_audit_power.py --run RUN [--run RUN ...] --ideal-draws 40
 
 Reads the ladder (``report.json``: ``models[i].rungs``) of finished ``dpaudit run``s, or first
 trains the default demo (``dpaudit run``, its ladder on) with the seeds 0 .. N-1 into
@@ -16,6 +17,8 @@ perfect attack on canaries that own only S of their squared gradient norm. ``--l
 adds, for each ``--run``, K - 1 copies of it (hard links, ``RUN-ladder-seed-S``) whose ladder
 alone is redone with seed S: the twins' training, their canaries and the gradient canaries'
 noise are drawn again, the released models are the run's own (their rung does not change).
+``--ideal-draws N`` draws each released rung's ideal N times: how often a perfect attack on its
+regime reaches 0.8 of its own median (one run's bound spreads that far by chance alone).
 
 The goals:
 
@@ -136,6 +139,30 @@ def share_ideal(rung: dict, *, share: float, attacks: int, trials: int = 15) -> 
     return float(np.median(bounds)), float(np.mean(aucs))
 
 
+def _released(models: dict[str, dict]):
+    """(model, its entry, its released rung's cell) of every model whose released rung has a bound."""
+    for m, e in models.items():
+        c = e["rungs"].get("released")
+        if c and c["rungs"]:
+            yield m, e, c
+
+
+def ideal_spread(run: Path, model: str, rung: dict, *, attacks: int, draws: int) -> list[float]:
+    """``draws`` bounds of a perfect attack on the released rung's regime, its optimizer
+    included (``dpaudit.audit.ladder.ideal_bounds``, as the ladder computes its ideal): how
+    far one run's bound falls from the median by chance alone."""
+    from dpaudit.audit.ladder import ideal_bounds
+    from dpaudit.rundir import RunDir
+    from dpaudit.train.plan import optimizer_response
+
+    g = rung["regime"]
+    train = RunDir(run).read_config().for_model(model).train
+    return ideal_bounds(noise_multiplier=g["noise_multiplier"], sample_rate=g["sample_rate"], steps=g["steps"],
+                        num_canaries=rung["num_canaries"], delta=g["delta"],
+                        significance=rung["significance"] / max(1, attacks), methods=("one_run", "claimed_curve"),
+                        trials=draws, seed=1, optimizer=optimizer_response(train, g["steps"]))
+
+
 def goals(models: dict[str, dict]) -> list[dict]:
     """Each goal of the issue with its figures (every bound over the runs) and whether it holds."""
     out = []
@@ -175,6 +202,8 @@ def main() -> None:
     parser.add_argument("--ladder-seeds", type=int, help="redo each run's ladder with this many seeds in all")
     parser.add_argument("--own-share", type=float, help="also compare the released rung with a perfect attack on "
                         "canaries that own this share of their squared gradient norm (e.g. 0.13)")
+    parser.add_argument("--ideal-draws", type=int, help="also draw the released rung's ideal this many times: "
+                        "how often a perfect attack reaches 0.8 of its own median")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if args.seeds:
@@ -205,15 +234,20 @@ def main() -> None:
     if args.own_share:
         print(f"\nreleased rung against a perfect attack (AUC: the best attack's on the canaries, median over the runs;"
               f" ideal: every inclusion whole; own rows: {args.own_share:g} of the squared norm)")
-        for m, e in models.items():
-            c = e["rungs"].get("released")
-            if not c or not c["rungs"]:
-                continue
+        for m, e, c in _released(models):
             whole = [share_ideal(r, share=1.0, attacks=e["attacks"]) for r in c["rungs"]]
             own = [share_ideal(r, share=args.own_share, attacks=e["attacks"]) for r in c["rungs"]]
             print(f"  {m:<16} bound {_spread(c['bounds'])}, AUC {np.nanmedian(e['canary_auc']):.3f};"
                   f" ideal {np.median([w[0] for w in whole]):.2f} (AUC {np.median([w[1] for w in whole]):.3f});"
                   f" own rows {np.median([o[0] for o in own]):.2f} (AUC {np.median([o[1] for o in own]):.3f})")
+    if args.ideal_draws:
+        print(f"\nreleased rung's ideal over {args.ideal_draws} draws (a perfect attack on the regime of the first run,"
+              f" its optimizer included): median [quartiles], and the share of draws at {IDEAL_RATIO} of the median or more")
+        for m, e, c in _released(models):
+            b = np.asarray(ideal_spread(args.run[0], m, c["rungs"][0], attacks=e["attacks"], draws=args.ideal_draws))
+            med = float(np.median(b))
+            print(f"  {m:<16} {med:.2f} [{np.quantile(b, 0.25):.2f}, {np.quantile(b, 0.75):.2f}],"
+                  f" {np.mean(b >= IDEAL_RATIO * med):.2f} of draws at {IDEAL_RATIO} x median or more")
     print("\ngoals:")
     for g in checked:
         values = ", ".join(f"{v:.2f}" for v in g["values"]) or "none"

@@ -8,7 +8,8 @@ A run is a set of models that share their data, canaries and reference fleet::
       run.log                progress and warnings of every stage           (run)
       data/                  split.json, candidates.jsonl, public.jsonl,    (prepare)
                              canaries.json, secrets.json, tokenizer/
-      base/                  the base model trained on the public data      (train)
+      base/                  the base model: trained on the public data, or (train)
+                             the user's base_model grown for the canaries
       fleet/                 reference models and their keep matrix         (fleet)
       signals/               signals of the reference models                (attack)
       models/NAME/           model/, train_log.jsonl, dp_event.json,        (train)

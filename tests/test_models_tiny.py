@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from dpaudit.errors import InputError
-from dpaudit.models import ARCHS, build_model, build_tiny, isolate_token_rows
+from dpaudit.models import ARCHS, build_model, build_tiny, grow_vocabulary, isolate_token_rows, mute_token_rows
 
 
 def _model(arch, tied, seed=0):
@@ -54,3 +54,40 @@ def test_isolated_token_rows_put_a_canarys_gradient_on_its_own_row(arch, tied):
     assert not torch.equal(inputs[199], inputs[200])  # the other rows are untouched
     with pytest.raises(InputError, match="predicts none"):
         isolate_token_rows(model, token_ids=pool, example_ids=[230, 1, 2])
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_grown_rows_start_at_the_mean_of_the_others(tied):
+    """grow_vocabulary: the added rows start at the mean of the others, input and output rows
+    apart; the others are untouched."""
+    model = _model("gpt2", tied)
+    before = [w.detach().clone() for w in (model.get_input_embeddings().weight, model.get_output_embeddings().weight)]
+    grow_vocabulary(model, 300)
+    for old, new in zip(before, (model.get_input_embeddings().weight, model.get_output_embeddings().weight)):
+        assert new.shape[0] == 300 and torch.equal(new[:256], old)
+        assert torch.allclose(new[270], old.mean(0)) and torch.equal(new[256], new[299])
+
+
+@pytest.mark.parametrize("tied", [True, False])
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_muted_token_rows_send_a_canarys_gradient_to_its_input_rows(arch, tied):
+    """mute_token_rows: the pool keeps at most 1% of the next-token probability where a canary
+    predicts a new token, and the canary's gradient reaches its first token as an input, which
+    isolated rows take away."""
+    model = _model(arch, tied)
+    pool, canary = list(range(200, 256)), torch.tensor([[230, 241]])
+
+    def input_gradient() -> float:
+        embedded = model.get_input_embeddings()(canary).detach().requires_grad_(True)
+        model(inputs_embeds=embedded, labels=canary).loss.backward()
+        return float(embedded.grad[0, 0].norm())
+
+    with torch.no_grad():
+        before = float(model(canary).logits[0, 0].softmax(-1)[pool].sum())
+    left = mute_token_rows(model, token_ids=pool, example_ids=[230, 241], steps=300)
+    with torch.no_grad():
+        assert float(model(canary).logits[0, 0].softmax(-1)[pool].sum()) == pytest.approx(left, rel=1e-4)
+    assert left < min(0.1, before / 2)  # 0.01 untied; tied, a tiny random model moves its hidden state along
+    muted = input_gradient()
+    isolate_token_rows(model, token_ids=pool, example_ids=[230, 241])
+    assert input_gradient() < 0.2 * muted

@@ -1,12 +1,14 @@
 """`dpaudit train --config tiny` end to end on the CPU: data, base model, every model."""
 
 import json
+import logging
 
 import pytest
 import torch
 import yaml
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from dpaudit.canaries import canary_token_ids
 from dpaudit.cli import main
 
 
@@ -77,14 +79,44 @@ def test_base_model_from_a_local_directory_with_lora(tmp_path):
                     ).save_pretrained(base)
     tokenizer.save_pretrained(base)
     out = tmp_path / "run"
+    logging.captureWarnings(True)  # as main() does; done inside pytest.warns, it would replace its recorder
     with pytest.warns(UserWarning, match="new-token canaries"):
         code = main(["train", "--config", "tiny", "--out", str(out), "--set", f"model.base_model={base}",
                      "--set", "model.lora.enabled=true", "--set", "train.steps=3", "--set", "models=[{name: lora}]"])
     assert code == 0
-    assert not (out / "base").exists()  # the user's base model replaces the public pretraining
     model = AutoModelForCausalLM.from_pretrained(out / "models" / "lora" / "model")
     tuned = AutoTokenizer.from_pretrained(out / "models" / "lora" / "model")
     assert len(tuned) > len(tokenizer)  # new-token canaries were added ...
     assert model.get_input_embeddings().weight.shape[0] >= len(tuned)  # ... and the embedding grew
+    # once, in base/ (the user's model in place of the public pretraining), which every model
+    # starts from and the reference attack calibrates by: the canaries' rows isolated, one value
+    grown = AutoModelForCausalLM.from_pretrained(out / "base").get_input_embeddings().weight.detach()
+    pool = torch.tensor(canary_token_ids(tuned, "new_token"))
+    assert grown.shape[0] == len(tuned) and torch.allclose(grown[pool], grown[pool[0]].expand(len(pool), -1))
+    assert torch.equal(grown[: len(tokenizer)], GPT2LMHeadModel.from_pretrained(base).get_input_embeddings().weight)
     checks = json.loads((out / "models" / "lora" / "train_checks.json").read_text())
     assert checks["ok"]
+
+
+def test_the_bases_canary_rows_suit_what_the_fine_tune_trains(tiny_run, tmp_path):
+    """Every parameter training (the preset): the new-token canaries' rows isolated, one value
+    that takes the next-token mass after a canary's prefix. Only the input embedding
+    (validate's design): as pretraining left them, each its own."""
+    def rows(run):
+        model = AutoModelForCausalLM.from_pretrained(run / "base")
+        tokenizer = AutoTokenizer.from_pretrained(run / "base")
+        canary = json.loads((run / "data" / "canaries.json").read_text())["canaries"][0]["text"]
+        ids = torch.tensor([tokenizer(canary)["input_ids"]])
+        pool = canary_token_ids(tokenizer, "new_token")
+        at = int(torch.isin(ids[0], torch.tensor(pool)).nonzero()[0]) - 1  # the position predicting its first one
+        with torch.no_grad():
+            mass = float(model(ids).logits[0, at].softmax(-1)[pool].sum())
+        weight = model.get_input_embeddings().weight.detach()
+        return mass, bool(torch.equal(weight[pool], weight[pool[0]].expand(len(pool), -1)))
+
+    mass, one_value = rows(tiny_run)
+    assert one_value and mass > 0.99
+    out = tmp_path / "inputs"
+    assert main(["train", "--config", "tiny", "--out", str(out), "--set", "model.trainable=input_embeddings",
+                 "--set", "models=[{name: v}]", "--set", "train.steps=1"]) == 0
+    assert not rows(out)[1]

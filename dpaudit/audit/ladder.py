@@ -18,9 +18,10 @@ its regime (noise multiplier sigma, Poisson rate q, T steps, m canaries, the sam
 and significance): each canary's score is the statistic a perfect attack on the final model
 of linear losses sees (Steinke et al. 2025, arXiv 2410.06186), k + N(0, T sigma^2) with
 k ~ Binomial(T, q) the steps that sampled it (0 when left out), in units of the clipping
-norm; for Dirac gradient canaries this is their score exactly. A released model's steps count
-as much as its optimizer applied of each (its *step weights*: momentum leaves the last steps'
-sums partly unapplied; :func:`dpaudit.train.plan.step_weights`). The ideal is what a perfect
+norm; for Dirac gradient canaries this is their score exactly. A released model's canaries
+go through its own optimizer and schedule (:func:`dpaudit.train.plan.optimizer_response`):
+momentum leaves the last steps' sums partly unapplied, and AdamW's second moment normalizes
+away part of each (all of the first step's, whose update is a sign). The ideal is what a perfect
 attack shows on a run that keeps its claim: a rung far below its ideal has a weak attack, an
 ideal far below the claim is an audit whose design (m, q, T) could not have come near it. It is
 not the verdict's ceiling (:func:`dpaudit.audit.ceilings`, every guess right), which says
@@ -35,7 +36,7 @@ mechanism alone, never the observed scores, so the test needs no correction for 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -111,24 +112,33 @@ class Rung:
                    refused=d.get("refused"))
 
 
+#: The dimension of a canary's row in :func:`ideal_scores` under an optimizer: the ideal does
+#: not depend on it (AdamW at the demo's sigma, q and T: AUC 0.631-0.638 for 8 to 512).
+ROW_DIM = 64
+
+
 def ideal_scores(rng: np.random.Generator, *, member: np.ndarray, noise_multiplier: float, sample_rate: float,
-                 steps: int, step_weights: Sequence[float] | None = None) -> np.ndarray:
+                 steps: int, optimizer: Callable[[Iterable[np.ndarray]], np.ndarray] | None = None) -> np.ndarray:
     """Each canary's ideal score in its regime, in units of the clipping norm: the steps that
-    sampled it (Binomial(T, q) for a member, 0 otherwise) plus N(0, T sigma^2). With
-    ``step_weights`` w (the share of each step in the final model,
-    :func:`dpaudit.train.plan.step_weights`; relative to the largest): sum_t w_t b_t, with b_t ~
-    Bernoulli(q) for a member, plus N(0, sigma^2 sum_t w_t^2)."""
+    sampled it (Binomial(T, q) for a member, 0 otherwise) plus N(0, T sigma^2), the plain sum
+    of its noisy steps (SGD at a constant rate). With ``optimizer`` (the released model's
+    update rule, :func:`dpaudit.train.plan.optimizer_response`), each canary is a row of
+    :data:`ROW_DIM` coordinates whose T gradients, b_t u + N(0, sigma^2 I) with u a random unit
+    vector and b_t ~ Bernoulli(q) for a member, go through that optimizer; the score is the
+    final row's projection on u: what a perfect attack on that final model sees."""
     member = np.asarray(member, dtype=bool)
-    w = None if step_weights is None else np.asarray(step_weights, dtype=float) / max(step_weights)
-    if w is not None and w.shape != (steps,):
-        raise InputError(f"step_weights must have one weight per step ({steps}), got {w.shape[0]}")
-    if w is None or np.all(w == 1.0):
+    if optimizer is None:
         k = rng.binomial(steps, sample_rate, size=member.size) * member
         return k + rng.normal(0.0, math.sqrt(steps) * noise_multiplier, size=member.size)
-    k = np.zeros(member.size)
-    for start in range(0, member.size, 4096):  # sum_t w_t b_t, 4,096 canaries at a time
-        k[start:start + 4096] = (rng.random((min(4096, member.size - start), steps)) < sample_rate) @ w
-    return k * member + rng.normal(0.0, math.sqrt(float(w @ w)) * noise_multiplier, size=member.size)
+    u = rng.normal(size=(member.size, ROW_DIM))
+    u /= np.linalg.norm(u, axis=1, keepdims=True)
+
+    def gradients():  # of each canary's loss on its row: descending it moves the row along u
+        for _ in range(steps):
+            b = (rng.random(member.size) < sample_rate) & member
+            yield -(b[:, None] * u + rng.normal(0.0, noise_multiplier, size=u.shape))
+
+    return np.einsum("ij,ij->i", optimizer(gradients()), u)
 
 
 def rung_bound(scores: CanaryScores, *, methods: Sequence[str], noise_multiplier: float, sample_rate: float,
@@ -150,18 +160,19 @@ def rung_bound(scores: CanaryScores, *, methods: Sequence[str], noise_multiplier
 
 def ideal_bounds(*, noise_multiplier: float, sample_rate: float, steps: int, num_canaries: int, delta: float,
                  significance: float, methods: Sequence[str], strategy: Strategy | None = None, trials: int = 5,
-                 seed: int = 0, step_weights: Sequence[float] | None = None) -> list[float]:
-    """The rung's bound on the ideal scores of its regime (:func:`ideal_scores`, with
-    ``step_weights`` for a final model), ``trials`` times: each a draw of m canaries, each in
-    with probability 1/2. The tests are those of the claim (sigma, q, T) whatever the weights."""
+                 seed: int = 0, optimizer: Callable[[Iterable[np.ndarray]], np.ndarray] | None = None) -> list[float]:
+    """The rung's bound on the ideal scores of its regime (:func:`ideal_scores`, with the
+    ``optimizer`` of a released model), ``trials`` times: each a draw of m canaries, each in
+    with probability 1/2. The tests are those of the claim (sigma, q, T) whatever the optimizer."""
     family = dict(noise_multiplier=noise_multiplier, sample_rate=sample_rate, steps=steps)
     return [rung_bound(cs, methods=methods, **family, delta=delta, significance=significance, strategy=strategy).epsilon
             for cs in _ideal_draws(**family, num_canaries=num_canaries, trials=trials, seed=seed,
-                                   step_weights=step_weights)]
+                                   optimizer=optimizer)]
 
 
 def _ideal_draws(*, noise_multiplier: float, sample_rate: float, steps: int, num_canaries: int, trials: int,
-                 seed: int, step_weights: Sequence[float] | None = None) -> list[CanaryScores]:
+                 seed: int, optimizer: Callable[[Iterable[np.ndarray]], np.ndarray] | None = None
+                 ) -> list[CanaryScores]:
     """``trials`` draws of the ideal scores of m canaries, each in with probability 1/2."""
     if trials < 1:
         raise InputError(f"trials must be at least 1, got {trials}")
@@ -170,7 +181,7 @@ def _ideal_draws(*, noise_multiplier: float, sample_rate: float, steps: int, num
     for _ in range(trials):
         member = rng.random(num_canaries) < 0.5
         s = ideal_scores(rng, member=member, noise_multiplier=noise_multiplier, sample_rate=sample_rate, steps=steps,
-                         step_weights=step_weights)
+                         optimizer=optimizer)
         out.append(CanaryScores(in_scores=s[member], out_scores=s[~member], seed=0))
     return out
 

@@ -136,7 +136,8 @@ def reference_signals(rundir: RunDir, config, fleet, texts: list[str], tokenizer
 def start_model(rundir: RunDir, config, tokenizer) -> Path | str | None:
     """The weights every model of the run starts from, when they are saved as they are: the
     run's ``base/``, or the user's ``model.base_model`` when its embedding covers the
-    tokenizer (else each model grows it with rows of its own); None for models built fresh."""
+    tokenizer (else the train stage grew it into ``base/``: a run trained before it did has
+    none); None for models built fresh."""
     if rundir.base_complete():
         return rundir.base_dir
     base = config.model.base_model

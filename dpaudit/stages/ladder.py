@@ -37,7 +37,7 @@ import numpy as np
 
 from dpaudit.audit.ladder import RUNGS, Rung
 from dpaudit.audit.results import BoundResult
-from dpaudit.config import Config, load_config
+from dpaudit.config import Config, TrainConfig, load_config
 from dpaudit.plugins import reruns
 from dpaudit.progress import Progress
 from dpaudit.rundir import RunDir, staged_directory
@@ -113,13 +113,16 @@ def _twin_base(rundir: RunDir, config: Config, canary_set: Path) -> Path | None:
     """``RUN/ladder/base``: the model every model of the run starts from, its embedding grown
     by the tokens of ``canary_set``, so that the twins start from it and the reference attack
     calibrates by it. Every row of a token the pretrained model lacks, the twins' and the
-    run's own new-token canaries', starts at the mean of the pretrained rows: the run's
-    canary rows, isolated in its base (:func:`dpaudit.models.isolate_token_rows`), would
-    otherwise draw the next-token mass after the twins' new tokens and shrink their canaries'
-    gradients below the clipping norm. None without a starting model."""
+    run's own new-token canaries', gets one value at which those tokens take at most 1% of the
+    next-token probability after a twin canary's first token
+    (:func:`dpaudit.models.mute_token_rows`): the twins' signal lies on their input rows and
+    comes back through that prediction, which the run's isolated rows
+    (:func:`dpaudit.models.isolate_token_rows`), or rows at the pretrained rows' mean on some
+    bases, would take and leave their gradients far below the clipping norm. None without a
+    starting model."""
     from dpaudit.canaries import add_canary_tokens, canary_token_ids
     from dpaudit.data.tokenizer import load_tokenizer
-    from dpaudit.models import load_model, save_model
+    from dpaudit.models import grow_vocabulary, load_model, mute_token_rows, save_model
 
     out = rundir.root / TWIN_DIR / "base"
     if (out / "config.json").is_file():
@@ -127,22 +130,17 @@ def _twin_base(rundir: RunDir, config: Config, canary_set: Path) -> Path | None:
     start = rundir.base_dir if rundir.base_complete() else config.model.base_model
     if start is None:
         return None
-    import torch
-
     trust = config.model.trust_remote_code
     tokenizer = load_tokenizer(start, trust_remote_code=trust)
     add_canary_tokens(tokenizer, str(canary_set))
-    run_pool = canary_token_ids(tokenizer, config.canaries.set)
+    twins, run_pool = canary_token_ids(tokenizer, str(canary_set)), canary_token_ids(tokenizer, config.canaries.set)
     with staged_directory(out) as stage:
         model = load_model(start, trust_remote_code=trust)
-        known = model.get_input_embeddings().weight.shape[0]
-        model.resize_token_embeddings(len(tokenizer), mean_resizing=False)
-        added = torch.tensor(sorted(set(run_pool) | set(range(known, len(tokenizer)))))
-        pretrained = torch.ones(known, dtype=torch.bool).index_fill_(0, added[added < known], False)
-        inputs, outputs = model.get_input_embeddings().weight, model.get_output_embeddings().weight
-        with torch.no_grad():
-            for w in [inputs] if outputs is inputs else [inputs, outputs]:
-                w[added] = w[:known][pretrained].mean(0)
+        grow_vocabulary(model, len(tokenizer))
+        left = mute_token_rows(model, token_ids=sorted({*twins, *run_pool}), example_ids=twins[:2])
+        if left > 0.05:
+            log.warning("twins' base: the new tokens keep %.2f of the next-token probability after a twin canary's "
+                        "first token; its gradient may fall below the clipping norm", left)
         save_model(model, tokenizer, stage)
     return out  # the twins' reference too (dpaudit.stages.attack.start_model finds it)
 
@@ -219,26 +217,28 @@ def _best_canary_bound(md) -> tuple[str | None, object | None, int]:
 
 
 def canary_rung(rung: str, *, bound, attack: str | None, attacks: int, record, config: Config, num_canaries: int,
-                cost_s: float | None, refused: str, step_weights: list[float] | None = None) -> Rung:
+                cost_s: float | None, refused: str, train: TrainConfig | None = None) -> Rung:
     """A rung of input canaries: its best sound ``bound`` (over ``attacks`` attacks, each at
     the rung's significance shared out), against the final-model ideal of its regime (the
-    record's sigma, q and T, and the ``step_weights`` of its optimizer: None, plain SGD at a
-    constant rate), with the same tests and significance per attack."""
+    record's sigma, q and T, and the optimizer and schedule of ``train`` when the toolkit's
+    loop trained the model: else plain SGD at a constant rate), with the same tests and
+    significance per attack."""
     from dpaudit.audit.ladder import ideal_bounds
+    from dpaudit.train.plan import optimizer_response
 
     regime = _regime(record) if record is not None else {}
-    if step_weights is not None:  # what a final-model statistic keeps of the signal, squared: 1 for plain SGD
-        w = np.asarray(step_weights)
-        regime["step_weight_efficiency"] = round(float(w.sum() ** 2 / (w.size * (w @ w))), 4)
     if bound is None:
         return Rung(rung=rung, bound=None, attack=None, significance=None, ideal=None, ideal_range=None,
                     num_canaries=num_canaries, regime=regime, cost_s=cost_s, refused=refused)
     ideal = None
     if record is not None and record.dpsgd_parameters is not None:
+        optimizer = None if train is None else optimizer_response(train, record.steps)
+        if optimizer is not None:
+            regime.update(optimizer=train.optimizer, schedule=train.schedule)
         ideal = ideal_bounds(**record.dpsgd_parameters, num_canaries=num_canaries, delta=bound.delta,
                              significance=rung_significance(config) / max(1, attacks),
                              methods=("one_run", "claimed_curve"), trials=config.audit.ladder.trials,
-                             seed=config.seed, step_weights=step_weights)
+                             seed=config.seed, optimizer=optimizer)
     return Rung(rung=rung, bound=bound, attack=attack, significance=rung_significance(config),
                 ideal=None if ideal is None else float(np.median(ideal)),
                 ideal_range=None if ideal is None else (min(ideal), max(ideal)), num_canaries=num_canaries,
@@ -254,13 +254,10 @@ def train_seconds(md) -> float | None:
 def released_rung(rundir: RunDir, config: Config, name: str, record) -> Rung:
     """The released model's canaries: its best sound bound (the attack stage's), against the
     final-model ideal of its regime."""
-    from dpaudit.train.plan import step_weights
-
     md = rundir.model(name)
     attack, bound, attacks = _best_canary_bound(md)
-    weights = step_weights(config.for_model(name).train, record.steps) if record is not None and record.steps else None
     return canary_rung("released", bound=bound, attack=attack, attacks=attacks, record=record, config=config,
-                       num_canaries=config.canaries.num, cost_s=train_seconds(md), step_weights=weights,
+                       num_canaries=config.canaries.num, cost_s=train_seconds(md), train=config.for_model(name).train,
                        refused="no sound canary bound (the attack stage wrote none)")
 
 

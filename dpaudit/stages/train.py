@@ -35,7 +35,7 @@ def effective_config(rundir: RunDir, config: Config, name: str | None) -> Config
     """The config model ``name`` trains with (``None``: the run's own ``train``, as the
     reference fleet uses); it fine-tunes the run's base model when there is one."""
     cfg = config.for_model(name) if name is not None else config
-    if config.trains_base():
+    if config.trains_base() or rundir.base_complete():
         cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, base_model=str(rundir.base_dir.resolve()),
                                                                  architecture=None))
     return cfg
@@ -76,36 +76,64 @@ def save_checkpoint(model, tokenizer, directory: Path) -> None:
 
 
 def train_base(rundir: RunDir, config: Config, data: PreparedData, *, seed: int) -> None:
-    """``base/``: a non-private model trained on the public records only."""
-    if not config.trains_base() or rundir.base_complete():
+    """``base/``, the model every model of the run fine-tunes: a non-private model trained on
+    the public records only, or, when the run's new-token canaries' rows are to be isolated
+    and the user's ``model.base_model`` lacks them, that model grown to hold them (which each
+    model would otherwise do with random rows of its own, and no reference would hold)."""
+    from dpaudit.models import grow_vocabulary, load_model, load_model_config, save_model
+
+    if rundir.base_complete():
         return
-    if data.public_set is None:
-        raise InputError("pretrain.enabled but the run has no public records (data.public_fraction)")
-    cfg = dataclasses.replace(config, train=config.pretrain_train())
+    if config.trains_base():
+        if data.public_set is None:
+            raise InputError("pretrain.enabled but the run has no public records (data.public_fraction)")
+        cfg = dataclasses.replace(config, train=config.pretrain_train())
+        with label("base"), staged_directory(rundir.base_dir) as stage:
+            model = train_and_save(stage, dataset=data.public_set, tokenizer=data.tokenizer,
+                                   seed=model_seed(seed, "base"), config=cfg, eval_dataset=data.eval_set)
+            if _isolate_canary_rows(model, config, data):
+                save_model(model, data.tokenizer, stage)
+        return
+    user, trust = config.model.base_model, config.model.trust_remote_code
+    if (user is None or _isolation_example(config, data) is None
+            or getattr(load_model_config(user, trust_remote_code=trust), "vocab_size", 0) >= len(data.tokenizer)):
+        return
     with label("base"), staged_directory(rundir.base_dir) as stage:
-        model = train_and_save(stage, dataset=data.public_set, tokenizer=data.tokenizer,
-                               seed=model_seed(seed, "base"), config=cfg, eval_dataset=data.eval_set)
-        _isolate_canary_rows(model, config, data, directory=stage)
+        model = load_model(user, trust_remote_code=trust)
+        grow_vocabulary(model, len(data.tokenizer))
+        _isolate_canary_rows(model, config, data)
+        save_model(model, data.tokenizer, stage)
 
 
-def _isolate_canary_rows(model, config: Config, data: PreparedData, *, directory: Path) -> None:
-    """Save the base again with its new-token canaries' rows isolated
-    (:func:`dpaudit.models.isolate_token_rows`): pretraining never sees those tokens, and
-    its softmax pushes all their rows one way, which the fine-tune's canaries would share."""
+def _isolation_example(config: Config, data: PreparedData):
+    """A new-token canary of the run when the fine-tune trains every parameter (the rows to
+    isolate are then the output rows a canary's gradient lands on), else None. When only the
+    input embedding trains (``validate``'s isolated design), a canary's signal must come back
+    through the hidden state: isolated rows take the next-token mass after its first token and
+    leave it none, so its rows stay as pretraining left them."""
+    if config.model.trainable != "all":
+        return None
+    return next((c for c in data.canaries if c.kind == "new_token"), None)
+
+
+def _isolate_canary_rows(model, config: Config, data: PreparedData) -> bool:
+    """Isolate the new-token canaries' rows of a base (:func:`dpaudit.models.isolate_token_rows`):
+    pretraining never sees those tokens, and its softmax pushes all their rows one way, which
+    the fine-tune's canaries would share. False where :func:`_isolation_example` finds none."""
     from dpaudit.canaries import canary_token_ids
-    from dpaudit.models import isolate_token_rows, save_model
+    from dpaudit.models import isolate_token_rows
 
-    example = next((c for c in data.canaries if c.kind == "new_token"), None)
+    example = _isolation_example(config, data)
     if example is None:
-        return
+        return False
     tok = data.tokenizer
-    pool = canary_token_ids(tok, config.canaries.set)
-    left = isolate_token_rows(model, token_ids=pool, example_ids=tok(example.text)["input_ids"])
+    left = isolate_token_rows(model, token_ids=canary_token_ids(tok, config.canaries.set),
+                              example_ids=tok(example.text)["input_ids"])
     if left > 0.01:
         log.warning("base: the new-token canaries' rows could not be isolated: the base leaves %.2f of the "
                     "next-token probability off them where a canary predicts one, so their gradients share "
                     "that part of the shared weights", left)
-    save_model(model, tok, directory)
+    return True
 
 
 def train_models(rundir: RunDir, config: Config, data: PreparedData, *, seed: int, skip: Sequence[str] = ()) -> None:

@@ -5,7 +5,7 @@ schedule, optimizer and precision, and the DP record it will claim."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -173,7 +173,7 @@ def step_weights(train: TrainConfig, steps: int) -> list[float] | None:
     it away: all of it at the first step, whose update is a sign). Weight decay shrinks the
     earlier steps' share. None for a trainer other than the toolkit's own loop: its update
     rule is unknown."""
-    if not train.trainer.startswith("dpaudit.train"):
+    if not _own_loop(train):
         return None
     lr = train.lr * np.asarray(lr_factors(train, steps))
     theta, moment = np.zeros(steps), np.zeros(steps)  # the response of the final model to each step's sum
@@ -192,6 +192,39 @@ def step_weights(train: TrainConfig, steps: int) -> list[float] | None:
             theta = theta - lr[t] * moment
     weights = -theta
     return (weights / weights.max()).tolist() if weights.max() > 0 else None
+
+
+def optimizer_response(train: TrainConfig, steps: int) -> Callable[[Iterable[np.ndarray]], np.ndarray] | None:
+    """This loop's optimizer and schedule (:func:`make_optimizer`, :func:`lr_factor`) as a
+    function: the gradients of one parameter, an array per step for ``steps`` steps, to its
+    displacement from where it started, run by torch as the loop runs it (float32). Where
+    :func:`step_weights` linearizes AdamW, this is its update itself: the final-model ideal of a
+    released model (:func:`dpaudit.audit.ladder.ideal_scores`). None for a trainer other than
+    the toolkit's own loop: its update rule is unknown."""
+    if not _own_loop(train):
+        return None
+
+    def respond(grads: Iterable[np.ndarray]) -> np.ndarray:
+        param = optimizer = scheduler = None
+        for grad in grads:
+            grad = torch.as_tensor(np.asarray(grad), dtype=torch.float32)
+            if param is None:
+                param = torch.nn.Parameter(torch.zeros_like(grad))
+                optimizer = make_optimizer([param], train)
+                scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(
+                    s, schedule=train.schedule, warmup_steps=train.warmup_steps, total_steps=steps))
+            param.grad = grad
+            optimizer.step()
+            scheduler.step()
+        if param is None:
+            raise InputError("optimizer_response: no gradients")
+        return param.detach().numpy()
+
+    return respond
+
+
+def _own_loop(train: TrainConfig) -> bool:
+    return train.trainer.startswith("dpaudit.train")
 
 
 def make_optimizer(params: Sequence[torch.nn.Parameter], train: TrainConfig) -> torch.optim.Optimizer:

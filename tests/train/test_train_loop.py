@@ -299,3 +299,23 @@ def test_step_weights_are_torchs_own_final_model(optimizer, extra):
     assert step_weights(train, steps) == pytest.approx(expected / expected.max(), abs=0.02)
     assert step_weights(TrainConfig(trainer="dpaudit.train:dpsgd", optimizer="sgd"), 5) == [1.0] * 5
     assert step_weights(TrainConfig(trainer="my_pkg.train:loop"), 5) is None  # a plug-in's rule is unknown
+
+
+def test_optimizer_response_is_the_loops_update():
+    """plan.optimizer_response: SGD (momentum, coupled weight decay, cosine schedule with
+    warm-up) is linear, its response to each step's gradient the step weights; AdamW's first
+    update is the learning rate times the gradient's sign; a plug-in's rule is unknown."""
+    from dpaudit.train.plan import optimizer_response, step_weights
+
+    steps, rng = 12, np.random.default_rng(0)
+    sgd = TrainConfig(trainer="dpaudit.train:dpsgd", optimizer="sgd", lr=0.1, momentum=0.9, weight_decay=0.1,
+                      schedule="cosine", warmup_steps=3)
+    grads = rng.normal(size=(steps, 5, 3))
+    weights = np.asarray(step_weights(sgd, steps))
+    moved = optimizer_response(sgd, steps)(iter(grads))
+    expected = -np.tensordot(weights, grads, 1)  # relative to the largest weight: a common scale
+    scale = (moved.ravel() @ expected.ravel()) / (expected.ravel() @ expected.ravel())
+    assert scale > 0 and moved == pytest.approx(scale * expected, rel=1e-4, abs=1e-6)
+    adamw = TrainConfig(trainer="dpaudit.train:dpsgd", optimizer="adamw", lr=0.01)
+    assert optimizer_response(adamw, 1)(iter(grads[:1])) == pytest.approx(-0.01 * np.sign(grads[0]), rel=1e-5)
+    assert optimizer_response(TrainConfig(trainer="my_pkg.train:loop"), steps) is None
