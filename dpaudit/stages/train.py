@@ -84,6 +84,7 @@ def train_base(rundir: RunDir, config: Config, data: PreparedData, *, seed: int)
 
     if rundir.base_complete():
         return
+    example = _isolation_example(config, data)
     if config.trains_base():
         if data.public_set is None:
             raise InputError("pretrain.enabled but the run has no public records (data.public_fraction)")
@@ -91,17 +92,18 @@ def train_base(rundir: RunDir, config: Config, data: PreparedData, *, seed: int)
         with label("base"), staged_directory(rundir.base_dir) as stage:
             model = train_and_save(stage, dataset=data.public_set, tokenizer=data.tokenizer,
                                    seed=model_seed(seed, "base"), config=cfg, eval_dataset=data.eval_set)
-            if _isolate_canary_rows(model, config, data):
+            if example is not None:
+                _isolate_canary_rows(model, config, data, example)
                 save_model(model, data.tokenizer, stage)
         return
     user, trust = config.model.base_model, config.model.trust_remote_code
-    if (user is None or _isolation_example(config, data) is None
+    if (user is None or example is None
             or getattr(load_model_config(user, trust_remote_code=trust), "vocab_size", 0) >= len(data.tokenizer)):
         return
     with label("base"), staged_directory(rundir.base_dir) as stage:
         model = load_model(user, trust_remote_code=trust)
         grow_vocabulary(model, len(data.tokenizer))
-        _isolate_canary_rows(model, config, data)
+        _isolate_canary_rows(model, config, data, example)
         save_model(model, data.tokenizer, stage)
 
 
@@ -116,16 +118,14 @@ def _isolation_example(config: Config, data: PreparedData):
     return next((c for c in data.canaries if c.kind == "new_token"), None)
 
 
-def _isolate_canary_rows(model, config: Config, data: PreparedData) -> bool:
-    """Isolate the new-token canaries' rows of a base (:func:`dpaudit.models.isolate_token_rows`):
-    pretraining never sees those tokens, and its softmax pushes all their rows one way, which
-    the fine-tune's canaries would share. False where :func:`_isolation_example` finds none."""
+def _isolate_canary_rows(model, config: Config, data: PreparedData, example) -> None:
+    """Isolate the new-token canaries' rows of a base (:func:`dpaudit.models.isolate_token_rows`)
+    at the positions of ``example`` (:func:`_isolation_example`): pretraining never sees those
+    tokens, and its softmax pushes all their rows one way, which the fine-tune's canaries would
+    share."""
     from dpaudit.canaries import canary_token_ids
     from dpaudit.models import isolate_token_rows
 
-    example = _isolation_example(config, data)
-    if example is None:
-        return False
     tok = data.tokenizer
     left = isolate_token_rows(model, token_ids=canary_token_ids(tok, config.canaries.set),
                               example_ids=tok(example.text)["input_ids"])
@@ -133,7 +133,6 @@ def _isolate_canary_rows(model, config: Config, data: PreparedData) -> bool:
         log.warning("base: the new-token canaries' rows could not be isolated: the base leaves %.2f of the "
                     "next-token probability off them where a canary predicts one, so their gradients share "
                     "that part of the shared weights", left)
-    return True
 
 
 def train_models(rundir: RunDir, config: Config, data: PreparedData, *, seed: int, skip: Sequence[str] = ()) -> None:
