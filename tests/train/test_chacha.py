@@ -161,7 +161,11 @@ def test_the_draws_are_the_documented_function_of_the_keystream():
     g.next_step()
     z = g.standard_normal((1000,), dtype=torch.float64)
     words = openssl_words(key, (0, 1, 0), 0, 2 * 32)  # draw 0 of step 1: 32 groups for 1000 normals
-    assert torch.allclose(z, reference_normals(words)[:1000], atol=2e-6, rtol=2e-6)
+    ref = reference_normals(words)
+    # float32 holds u near 1 to 2^-24, which moves a radius r by up to 2^-24 / r: a pair with a
+    # small radius (one in ~30 draws of 1,000 has r < 0.01) is exact only to that
+    radius = ref.reshape(-1, 2, 16).norm(dim=1, keepdim=True).expand(-1, 2, 16).reshape(-1)
+    assert ((z - ref[:1000]).abs() <= 2e-6 * (1 + ref[:1000].abs()) + 2.0**-24 / radius[:1000]).all()
     fresh = SecureGenerator()  # another key: other draws for the same step and draw
     fresh.next_step()
     assert not torch.allclose(fresh.standard_normal((1000,), dtype=torch.float64), z)
