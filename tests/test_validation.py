@@ -58,8 +58,17 @@ def test_readme_example_on_tiny_is_inconclusive(tmp_path, capsys):
                            "num_guesses", "num_correct", "claimed_epsilon", "delta", "ceiling", "rungs"}
     assert [r["rung"] for r in result["rungs"]] == ["input_space", "white_box"]
     assert all(r["cost_s"] > 0 for r in result["rungs"])  # the trainer's run; the white-box scoring and its ideal
-    # validate runs the stages up to the attack: no extraction, no report
+    assert all(r["significance"] == 0.025 for r in result["rungs"] if r["refused"] is None)  # 0.05 over two rungs
+    # validate runs the stages up to the attack: no extraction, no report, no twin; its rungs are the model's ladder
     model = tmp_path / "v" / "models" / "validate"
+    assert json.loads((model / "ladder.json").read_text())["rungs"] == result["rungs"]
+    assert not (tmp_path / "v" / "ladder").exists()
+    # the same run resumed, as text: the verdict, the bound, then the two rungs in a line
+    assert main(["validate", "--config", "tiny", "--trainer", "dpaudit.train:dpsgd", "--epsilon", "3.2", "--delta",
+                 "1e-3", "--set", "train.dp.noise_multiplier=1.0", "--out", str(tmp_path / "v")]) == 3
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("inconclusive: ") and lines[2].startswith("ladder: input-space ")
+    assert "white-box" in lines[2] and lines[3] == f"run: {tmp_path / 'v'}"
     assert (model / "results").is_dir() and not (model / "extraction.json").exists()
     assert not (tmp_path / "v" / "report.json").exists()
 
@@ -132,12 +141,14 @@ def test_validate_isolates_its_canaries_unless_told_otherwise():
     """By default: prefix-free distinct new-token canaries, only the input embedding trains,
     by plain SGD at a small learning rate, and (with a base model) the one attack chosen in
     advance; --set wins over each."""
+    from dpaudit.stages.ladder import rung_significance
     from dpaudit.stages.validate import validate_config
 
     cfg = validate_config(trainer="dpaudit.train:dpsgd", canaries=None, config="tiny", overrides=[])
     assert cfg.canaries.set == "new_token_bare" and cfg.model.trainable == "input_embeddings"
     assert cfg.attack.attacks == ["reference"] and cfg.model_names() == ["validate"]
     assert (cfg.train.optimizer, cfg.train.momentum, cfg.train.lr) == ("sgd", 0.0, 0.01)
+    assert not cfg.audit.ladder.enabled and rung_significance(cfg) == 0.025  # its own two rungs, no twins
     cfg = validate_config(trainer="dpaudit.train:dpsgd", canaries=None, config="tiny",
                           overrides=["canaries.set=new_token", "model.trainable=all", "attack.attacks=[loss]",
                                      "train.optimizer=adamw", "train.lr=0.003"])

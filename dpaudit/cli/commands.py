@@ -161,9 +161,18 @@ def cmd_validate(args: argparse.Namespace) -> int:
     text = (f"{result['verdict']}: {result['reason']}\n"
             f"lower bound {_fmt(result['epsilon_lower_bound'], '.3f')} ({result['method'] or 'no sound bound'}) "
             f"against the claim {args.epsilon:g} at delta {args.delta:g}; the ceiling of this audit is "
-            f"{_fmt(result['ceiling'], '.3f')} ({result['num_canaries']} canaries)\nrun: {out}")
+            f"{_fmt(result['ceiling'], '.3f')} ({result['num_canaries']} canaries)\n{_ladder_line(result['rungs'])}\n"
+            f"run: {out}")
     _emit(args, {k: result[k] for k in JSON_KEYS}, text)
     return result["exit_code"]
+
+
+def _ladder_line(rungs: list[dict]) -> str:
+    """The threat-model ladder in a line: each rung's bound (its ideal), or that it was refused."""
+    return "ladder: " + ", ".join(
+        f"{r['rung'].replace('_', '-')} refused" if r.get("epsilon") is None else
+        f"{r['rung'].replace('_', '-')} {r['epsilon']:.2f} (ideal {_fmt(r.get('ideal'), '.2f')})"
+        for r in rungs if r.get("epsilon") is not None or r.get("refused"))
 
 
 def _validate_step(args: argparse.Namespace) -> int:
@@ -233,11 +242,8 @@ def _finish_audit(args: argparse.Namespace, out: Path, report: dict) -> int:
         lines.append(f"{m['name']:<16}{eps_text:>9}{_fmt(audit.get('epsilon_lower_bound'), '.2f'):>8}"
                      f"{_fmt(audit.get('ceiling'), '.2f'):>9}{_fmt((m.get('utility') or {}).get('heldout_perplexity'), '.1f'):>9}"
                      f"  {status}")
-        rungs = [r for r in m.get("rungs") or [] if r.get("epsilon") is not None or r.get("refused")]
-        if rungs and not m.get("error"):  # the threat-model ladder: each rung's bound (its ideal)
-            lines.append("  ladder: " + ", ".join(
-                f"{r['rung'].replace('_', '-')} refused" if r.get("epsilon") is None else
-                f"{r['rung'].replace('_', '-')} {r['epsilon']:.2f} (ideal {_fmt(r.get('ideal'), '.2f')})" for r in rungs))
+        if m.get("rungs") and not m.get("error"):
+            lines.append("  " + _ladder_line(m["rungs"]))
         if m.get("error"):
             lines.append(f"  error: {m['error']}")
         elif verdict.get("reason") and status in ("violated", "inconclusive"):

@@ -33,7 +33,7 @@ import numpy as np
 from dpaudit.config import Config, load_config
 from dpaudit.errors import InputError
 from dpaudit.rundir import RunDir
-from dpaudit.stages.artifacts import read_dp_record, read_tokenizer
+from dpaudit.stages.artifacts import read_dp_record, read_tokenizer, write_ladder
 from dpaudit.stages.isolated import ISOLATED, LINEAR, full_batch_size
 from dpaudit.stages.ladder import rung_significance
 from dpaudit.stages.signal_cache import load_signals
@@ -49,15 +49,16 @@ RUNGS = 2  # input_space (its canaries) and white_box (its gradient canaries): e
 def validate_overrides(*, trainer: str, canaries: int | None = None, overrides: Sequence[str] = (),
                        config: str | Path = "demo") -> list[str]:
     """The ``--set`` overrides that make the preset ``config`` into the run ``validate`` makes:
-    one model trained by ``trainer``, no reference fleet, and (unless ``overrides`` say
-    otherwise) the audit design: :data:`ISOLATED`, and :data:`LINEAR` when the run trains a
-    base model (``docs/ceilings.md``). ``dpaudit train`` with the same overrides trains the
-    same model."""
+    one model trained by ``trainer``, no reference fleet, no twins (the model is in the
+    ladder's isolated design already, and :func:`verdict_of` writes its two rungs), and (unless
+    ``overrides`` say otherwise) the audit design: :data:`ISOLATED`, and :data:`LINEAR` when the
+    run trains a base model (``docs/ceilings.md``). ``dpaudit train`` with the same overrides
+    trains the same model."""
     base = load_config(config, overrides=[*ISOLATED, *overrides]).trains_base()
     gradient = load_config(config).audit.ladder.gradient_canaries
     sets = [*ISOLATED, *(LINEAR if base else ()), "canaries.secrets.num=0", "fleet.num_models=0",
             f"train.dp.gradient_canaries={gradient}", f"audit.significance={SIGNIFICANCE / RUNGS}", *overrides,
-            f"models=[{{name: {MODEL}}}]", f"train.trainer={trainer}"]
+            f"models=[{{name: {MODEL}}}]", f"train.trainer={trainer}", "audit.ladder.enabled=false"]
     if canaries is not None:
         if canaries < 2:
             raise InputError(f"--canaries must be at least 2, got {canaries}")
@@ -118,7 +119,8 @@ def validate(*, trainer: str, epsilon: float, delta: float, canaries: int | None
 def verdict_of(rundir: RunDir, *, epsilon: float, delta: float) -> dict[str, Any]:
     """The verdict on the claim (``epsilon``, ``delta``) from the saved canary scores and the
     trainer's gradient canaries (:func:`dpaudit.audit.assess`, with the trainer's DP record and
-    sampler checks): two rungs of the threat-model ladder, each at half the significance."""
+    sampler checks): two rungs of the threat-model ladder, each at half the significance, which
+    also go to the model's ``ladder.json`` for its report."""
     from dpaudit.audit import CanaryScores, Claim, assess, claimed_curve_bound, learned
     from dpaudit.stages.attack import claimed_family
     from dpaudit.stages.ladder import canary_rung, train_seconds, white_box_rung
@@ -144,6 +146,7 @@ def verdict_of(rundir: RunDir, *, epsilon: float, delta: float) -> dict[str, Any
                          config=config, num_canaries=config.canaries.num, cost_s=train_seconds(md),
                          refused="no canary scores"),
              white_box_rung(rundir, config, MODEL, delta=delta)]
+    write_ladder(md, rungs)
     if rungs[1].bound is not None:
         bounds.append(("white_box", dataclasses.replace(rungs[1].bound, significance=rungs[1].significance)))
     initial, final = fit_losses(rundir, md)
