@@ -129,8 +129,8 @@ from dpaudit.train.evaluate import evaluate
 from dpaudit.train.plan import (
     RELEASE_WARNING,
     dp_record,
-    lr_factor,
     make_optimizer,
+    make_scheduler,
     noise_mode,
     num_steps,
     plan_privacy,
@@ -529,8 +529,7 @@ def _loop(private: Private, *, train, steps: int, noise: SecureGenerator | None,
     another), each :meth:`Private.step` (noise alone for an empty batch), the learning rate
     following ``train``'s schedule. Returns the log, the realised
     batch sizes and the non-finite counts. ``noise``: a secure generator to move on each step."""
-    scheduler = torch.optim.lr_scheduler.LambdaLR(private.optimizer, lambda s: lr_factor(
-        s, schedule=train.schedule, warmup_steps=train.warmup_steps, total_steps=steps))
+    scheduler = make_scheduler(private.optimizer, train, steps)
     params = list(private.optimizer.params)
     log = [{"step": 0, **evaluation(private.model), "elapsed_s": 0.0}]
     sizes, nonfinite, started = [], {"updates": 0, "unit_gradients": 0, "losses": 0}, time.perf_counter()

@@ -80,8 +80,8 @@ from dpaudit.train.gradient_canaries import GradientCanaries
 from dpaudit.train.plan import (
     PrivacyPlan,
     dp_record,
-    lr_factor,
     make_optimizer,
+    make_scheduler,
     noise_mode,
     num_steps,
     plan_privacy,
@@ -233,8 +233,7 @@ class _Loop:
         train, params = self.train, engine.params
         before = checks.snapshot(params)
         optimizer = make_optimizer(list(params.values()), train)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(
-            s, schedule=train.schedule, warmup_steps=train.warmup_steps, total_steps=self.steps))
+        scheduler = make_scheduler(optimizer, train, self.steps)
         # secure mode: batches from the OS CSPRNG, noise re-seeded from it every step; nothing recorded
         secure = self.noise == "secure"
         sampler = self._sampler(OSRandom() if secure else self.seeds.numpy_generator())

@@ -195,7 +195,7 @@ def step_weights(train: TrainConfig, steps: int) -> list[float] | None:
 
 
 def optimizer_response(train: TrainConfig, steps: int) -> Callable[[Iterable[np.ndarray]], np.ndarray] | None:
-    """This loop's optimizer and schedule (:func:`make_optimizer`, :func:`lr_factor`) as a
+    """This loop's optimizer and schedule (:func:`make_optimizer`, :func:`make_scheduler`) as a
     function: the gradients of one parameter, an array per step for ``steps`` steps, to its
     displacement from where it started, run by torch as the loop runs it (float32). Where
     :func:`step_weights` linearizes AdamW, this is its update itself: the final-model ideal of a
@@ -211,8 +211,7 @@ def optimizer_response(train: TrainConfig, steps: int) -> Callable[[Iterable[np.
             if param is None:
                 param = torch.nn.Parameter(torch.zeros_like(grad))
                 optimizer = make_optimizer([param], train)
-                scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(
-                    s, schedule=train.schedule, warmup_steps=train.warmup_steps, total_steps=steps))
+                scheduler = make_scheduler(optimizer, train, steps)
             param.grad = grad
             optimizer.step()
             scheduler.step()
@@ -233,3 +232,10 @@ def make_optimizer(params: Sequence[torch.nn.Parameter], train: TrainConfig) -> 
     if train.optimizer == "sgd":
         return torch.optim.SGD(params, lr=train.lr, momentum=train.momentum, weight_decay=train.weight_decay)
     raise InputError(f"train.optimizer must be adamw or sgd, got {train.optimizer!r}")
+
+
+def make_scheduler(optimizer: torch.optim.Optimizer, train: TrainConfig,
+                   steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """``train``'s schedule (:func:`lr_factor`) over a run of ``steps`` steps, on ``optimizer``."""
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(
+        s, schedule=train.schedule, warmup_steps=train.warmup_steps, total_steps=steps))
