@@ -68,6 +68,9 @@ def test_readme_example_on_tiny_is_inconclusive(tmp_path, capsys):
                  "1e-3", "--set", "train.dp.noise_multiplier=1.0", "--out", str(tmp_path / "v")]) == 3
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("inconclusive: ") and lines[2].startswith("ladder: input-space ")
+    # the ceiling is the audit's (its strongest test's), not that of the reported bound's canaries
+    assert lines[1].endswith(f"the ceiling of this audit is {result['ceiling']:.3f} (every guess of its strongest "
+                             "test right)")
     assert "white-box" in lines[2] and lines[3] == f"run: {tmp_path / 'v'}"
     assert (model / "results").is_dir() and not (model / "extraction.json").exists()
     assert not (tmp_path / "v" / "report.json").exists()

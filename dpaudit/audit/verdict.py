@@ -21,8 +21,9 @@ Four outcomes, decided in this order (exit statuses of the command line in brack
    wins over everything below: a violation seen is a violation, however weak the audit.
 3. ``"inconclusive"`` (3) -- the audit could not have seen a violation: the model learned
    nothing (held-out loss no better than at initialisation, and no sound bound above 0,
-   which would show that the canaries moved it), or the method's ceiling for
-   these canaries is at or below the claim, or no sound bound was computed.
+   which would show that the canaries moved it), or the audit's ceiling (the largest bound
+   any of its tests could give, every guess right) is at or below the claim, or no sound
+   bound was computed.
 4. ``"consistent"`` (0) -- no sound bound exceeds the claim, though one could have. Not a
    proof of privacy.
 
@@ -201,7 +202,8 @@ def decide(
         unknown).
       accountant_epsilon: delta -> the accountant's epsilon at that delta, used at each
         bound's own delta; None: ``claimed_epsilon`` is used at every delta.
-      ceiling: the method's ceiling for this m, guesses and significance (see
+      ceiling: the audit's ceiling: the largest over its tests of what each could show with
+        every guess right, for its m, guesses and significance (see
         :func:`dpaudit.audit.one_run_ceiling`), or None when unknown.
       learned: whether the model learned (held-out loss below its value at
         initialisation); None when unknown.
@@ -265,17 +267,16 @@ def _without_violation(best, *, claim_ref: float, ceiling: float | None, learned
                                 "audit of it cannot see a violation of the claim; train a model that learns, then "
                                 "audit it.")
     if ceiling is not None and ceiling <= claim_ref:
-        m = f" with these {best[1].num_canaries} canaries" if best is not None else ""
         return "inconclusive", (f"Even a perfect attack could not show a violation: the best possible bound of this "
-                                f"audit{m} (its ceiling) is {ceiling:.3f} <= the claimed epsilon {claim_ref:.3f}; "
-                                "add canaries.")
+                                f"audit (its ceiling: every guess of its strongest test right) is {ceiling:.3f} <= the "
+                                f"claimed epsilon {claim_ref:.3f}; add canaries.")
     if best is None:
         return "inconclusive", ("No sound bound was computed (estimates under a Gaussian trade-off curve do not "
                                 "count), so the audit cannot test the claim; compute a one_run or clopper_pearson "
                                 "bound.")
     attack, b = best
-    ceiling_text = (f"beside a ceiling of {ceiling:.3f} for this method and these canaries" if ceiling is not None
-                    else "(no ceiling given)")
+    ceiling_text = (f"beside this audit's ceiling of {ceiling:.3f} (every guess of its strongest test right)"
+                    if ceiling is not None else "(no ceiling given)")
     return "consistent", (f"The best sound bound, epsilon >= {b.epsilon:.3f} at delta={_fmt_delta(b.delta)} from "
                           f"{_describe(attack, b)}, {ceiling_text}, does not exceed the claimed epsilon "
                           f"{claim_ref:.3f}: consistent with the claim, which is not a proof of privacy.")

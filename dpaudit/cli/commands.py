@@ -161,7 +161,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     text = (f"{result['verdict']}: {result['reason']}\n"
             f"lower bound {_fmt(result['epsilon_lower_bound'], '.3f')} ({result['method'] or 'no sound bound'}) "
             f"against the claim {args.epsilon:g} at delta {args.delta:g}; the ceiling of this audit is "
-            f"{_fmt(result['ceiling'], '.3f')} ({result['num_canaries']} canaries)\n{_ladder_line(result['rungs'])}\n"
+            f"{_fmt(result['ceiling'], '.3f')} (every guess of its strongest test right)\n{_ladder_line(result['rungs'])}\n"
             f"run: {out}")
     _emit(args, {k: result[k] for k in JSON_KEYS}, text)
     return result["exit_code"]

@@ -129,7 +129,7 @@ def test_a_ceiling_at_or_below_the_claim_is_inconclusive(ceiling):
     v = run([("loss", bound(eps=0.5, m=100))], claimed=3.0, ceiling=ceiling)
     assert v.status == "inconclusive" and v.exit_code == 3
     assert f"{ceiling:.3f} <= the claimed epsilon 3.000" in v.reason
-    assert "100 canaries" in v.reason and "add canaries" in v.reason
+    assert "every guess of its strongest test right" in v.reason and "add canaries" in v.reason
     assert v.ceiling == ceiling and v.epsilon_lower_bound == 0.5
 
 
@@ -143,7 +143,8 @@ def test_consistent_gives_the_bound_and_the_ceiling_and_is_not_a_proof():
     v = run(bounds, claimed=3.0, ceiling=4.25)
     assert v.status == "consistent" and v.exit_code == 0
     assert (v.attack, v.method, v.epsilon_lower_bound) == ("zlib", "one_run", 1.2)  # largest sound one
-    for phrase in ("1.200", "ceiling of 4.250", "3.000", "not a proof of privacy"):
+    for phrase in ("1.200", "audit's ceiling of 4.250 (every guess of its strongest test right)", "3.000",
+                   "not a proof of privacy"):
         assert phrase in v.reason
     assert (v.num_canaries, v.num_guesses, v.num_correct, v.delta) == (1000, 100, 95, DELTA)
 
