@@ -311,6 +311,11 @@ class Config:
         ``model.base_model`` of the user's (which then is the base)."""
         return self.pretrain.enabled and not self.model.base_model
 
+    def starts_from_base(self) -> bool:
+        """Every model fine-tunes a base: one the run trains (:meth:`trains_base`) or the
+        user's ``model.base_model``."""
+        return self.trains_base() or self.model.base_model is not None
+
     def pretrain_train(self) -> TrainConfig:
         """The ``train`` section the base model trains with: ``pretrain``, non-private."""
         p = dataclasses.asdict(self.pretrain)

@@ -65,9 +65,8 @@ def test_existing_run_directory_with_another_config_is_refused(tiny_run, capsys)
     assert "another config" in capsys.readouterr().err
 
 
-def test_base_model_from_a_local_directory_with_lora(tmp_path):
-    """A local causal LM (here a saved tiny GPT-2 with its tokenizer) is fine-tuned with LoRA;
-    the merged result loads with plain transformers."""
+def local_base(tmp_path, *, tied: bool = True):
+    """A saved tiny GPT-2 with its tokenizer (which lacks the new-token canaries), and that tokenizer."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
     from dpaudit.data.tokenizer import train_tokenizer
@@ -75,9 +74,18 @@ def test_base_model_from_a_local_directory_with_lora(tmp_path):
     base = tmp_path / "base"
     tokenizer = train_tokenizer([f"note {i}: patient seen, plan follow up in {i % 7} days" for i in range(300)],
                                 vocab_size=300)
-    GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=len(tokenizer), n_positions=64)
-                    ).save_pretrained(base)
+    GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=len(tokenizer), n_positions=64,
+                               tie_word_embeddings=tied)).save_pretrained(base)
     tokenizer.save_pretrained(base)
+    return base, tokenizer
+
+
+def test_base_model_from_a_local_directory_with_lora(tmp_path):
+    """A local causal LM (here a saved tiny GPT-2 with its tokenizer) is fine-tuned with LoRA;
+    the merged result loads with plain transformers."""
+    from transformers import GPT2LMHeadModel
+
+    base, tokenizer = local_base(tmp_path)
     out = tmp_path / "run"
     logging.captureWarnings(True)  # as main() does; done inside pytest.warns, it would replace its recorder
     with pytest.warns(UserWarning, match="new-token canaries"):
@@ -120,3 +128,15 @@ def test_the_bases_canary_rows_suit_what_the_fine_tune_trains(tiny_run, tmp_path
     assert main(["train", "--config", "tiny", "--out", str(out), "--set", "model.trainable=input_embeddings",
                  "--set", "models=[{name: v}]", "--set", "train.steps=1"]) == 0
     assert not rows(out)[1]
+    # a user's base that lacks the canaries, on the input-embedding design: grown once into
+    # base/ with the pool's rows one value that leaves the next-token mass after a canary's
+    # prefix to the other tokens (a gradient that comes back through the hidden state). Untied:
+    # in this untrained model a tied row that the prediction avoids also sets the hidden states
+    # after the canary's new tokens, and they keep 0.93 of the mass (the stage warns)
+    base, _ = local_base(tmp_path, tied=False)
+    out = tmp_path / "user-inputs"
+    assert main(["train", "--config", "tiny", "--out", str(out), "--set", f"model.base_model={base}",
+                 "--set", "model.trainable=input_embeddings", "--set", "models=[{name: v}]",
+                 "--set", "train.steps=1"]) == 0
+    mass, one_value = rows(out)
+    assert one_value and mass <= 0.01

@@ -161,6 +161,10 @@ def test_validate_isolates_its_canaries_unless_told_otherwise():
                           overrides=["pretrain.enabled=false"])
     assert cfg.attack.attacks == []  # no base model: every attack the inputs allow
     assert (cfg.train.optimizer, cfg.train.lr) == ("adamw", 0.003)  # and the preset's optimizer
+    cfg = validate_config(trainer="dpaudit.train:dpsgd", canaries=None, config="tiny",
+                          overrides=["model.base_model=some/local/model"])
+    assert cfg.attack.attacks == ["reference"]  # the user's base model is the base: the design of one
+    assert (cfg.train.optimizer, cfg.train.momentum, cfg.train.lr) == ("sgd", 0.0, 0.01)
 
 
 @pytest.mark.slow

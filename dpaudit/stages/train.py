@@ -77,14 +77,15 @@ def save_checkpoint(model, tokenizer, directory: Path) -> None:
 
 def train_base(rundir: RunDir, config: Config, data: PreparedData, *, seed: int) -> None:
     """``base/``, the model every model of the run fine-tunes: a non-private model trained on
-    the public records only, or, when the run's new-token canaries' rows are to be isolated
-    and the user's ``model.base_model`` lacks them, that model grown to hold them (which each
-    model would otherwise do with random rows of its own, and no reference would hold)."""
+    the public records only, or, when the run has new-token canaries and the user's
+    ``model.base_model`` lacks them, that model grown to hold them (which each model would
+    otherwise do with random rows of its own, and no reference would hold). The canaries' rows
+    are then set for the run's design (:func:`_set_canary_rows`)."""
     from dpaudit.models import grow_vocabulary, load_model, load_model_config, save_model
 
     if rundir.base_complete():
         return
-    example = _isolation_example(config, data)
+    example = next((c for c in data.canaries if c.kind == "new_token"), None)
     if config.trains_base():
         if data.public_set is None:
             raise InputError("pretrain.enabled but the run has no public records (data.public_fraction)")
@@ -92,8 +93,8 @@ def train_base(rundir: RunDir, config: Config, data: PreparedData, *, seed: int)
         with label("base"), staged_directory(rundir.base_dir) as stage:
             model = train_and_save(stage, dataset=data.public_set, tokenizer=data.tokenizer,
                                    seed=model_seed(seed, "base"), config=cfg, eval_dataset=data.eval_set)
-            if example is not None:
-                _isolate_canary_rows(model, config, data, example)
+            if example is not None and config.model.trainable == "all":
+                _set_canary_rows(model, config, data, example)
                 save_model(model, data.tokenizer, stage)
         return
     user, trust = config.model.base_model, config.model.trust_remote_code
@@ -103,36 +104,36 @@ def train_base(rundir: RunDir, config: Config, data: PreparedData, *, seed: int)
     with label("base"), staged_directory(rundir.base_dir) as stage:
         model = load_model(user, trust_remote_code=trust)
         grow_vocabulary(model, len(data.tokenizer))
-        _isolate_canary_rows(model, config, data, example)
+        _set_canary_rows(model, config, data, example)
         save_model(model, data.tokenizer, stage)
 
 
-def _isolation_example(config: Config, data: PreparedData):
-    """A new-token canary of the run when the fine-tune trains every parameter (the rows to
-    isolate are then the output rows a canary's gradient lands on), else None. When only the
-    input embedding trains (``validate``'s isolated design), a canary's signal must come back
-    through the hidden state: isolated rows take the next-token mass after its first token and
-    leave it none, so its rows stay as pretraining left them."""
-    if config.model.trainable != "all":
-        return None
-    return next((c for c in data.canaries if c.kind == "new_token"), None)
-
-
-def _isolate_canary_rows(model, config: Config, data: PreparedData, example) -> None:
-    """Isolate the new-token canaries' rows of a base (:func:`dpaudit.models.isolate_token_rows`)
-    at the positions of ``example`` (:func:`_isolation_example`): pretraining never sees those
-    tokens, and its softmax pushes all their rows one way, which the fine-tune's canaries would
-    share."""
+def _set_canary_rows(model, config: Config, data: PreparedData, example) -> None:
+    """One shared value for the rows of the new-token canaries' pool, at the positions of
+    ``example`` (a canary of the run). When every parameter trains, the rows a canary's
+    gradient lands on are its output rows: isolated (:func:`dpaudit.models.isolate_token_rows`),
+    they take the next-token mass after its first token, so that its gradient stays off the
+    shared weights (pretraining never sees those tokens, and its softmax pushes all their rows
+    one way, which the canaries would share). When only the input embedding trains
+    (``validate``'s isolated design), a canary's signal must come back through the hidden
+    state: muted (:func:`dpaudit.models.mute_token_rows`), they leave it that mass (the rows of
+    a base trained by the run stay as pretraining left them)."""
     from dpaudit.canaries import canary_token_ids
-    from dpaudit.models import isolate_token_rows
+    from dpaudit.models import isolate_token_rows, mute_token_rows
 
     tok = data.tokenizer
-    left = isolate_token_rows(model, token_ids=canary_token_ids(tok, config.canaries.set),
-                              example_ids=tok(example.text)["input_ids"])
-    if left > 0.01:
-        log.warning("base: the new-token canaries' rows could not be isolated: the base leaves %.2f of the "
-                    "next-token probability off them where a canary predicts one, so their gradients share "
-                    "that part of the shared weights", left)
+    pool, ids = canary_token_ids(tok, config.canaries.set), tok(example.text)["input_ids"]
+    if config.model.trainable == "all":
+        left = isolate_token_rows(model, token_ids=pool, example_ids=ids)
+        if left > 0.01:
+            log.warning("base: the new-token canaries' rows could not be isolated: the base leaves %.2f of the "
+                        "next-token probability off them where a canary predicts one, so their gradients share "
+                        "that part of the shared weights", left)
+        return
+    kept = mute_token_rows(model, token_ids=pool, example_ids=ids)
+    if kept > 0.05:
+        log.warning("base: the new-token canaries keep %.2f of the next-token probability after a canary's first "
+                    "token; their gradients may fall below the clipping norm", kept)
 
 
 def train_models(rundir: RunDir, config: Config, data: PreparedData, *, seed: int, skip: Sequence[str] = ()) -> None:

@@ -52,9 +52,9 @@ def validate_overrides(*, trainer: str, canaries: int | None = None, overrides: 
     one model trained by ``trainer``, no reference fleet, no twins (the model is in the
     ladder's isolated design already, and :func:`verdict_of` writes its two rungs), and (unless
     ``overrides`` say otherwise) the audit design: :data:`ISOLATED`, and :data:`LINEAR` when the
-    run trains a base model (``docs/ceilings.md``). ``dpaudit train`` with the same overrides
+    run starts from a base model, its own or the user's (``docs/ceilings.md``). ``dpaudit train`` with the same overrides
     trains the same model."""
-    base = load_config(config, overrides=[*ISOLATED, *overrides]).trains_base()
+    base = load_config(config, overrides=[*ISOLATED, *overrides]).starts_from_base()
     gradient = load_config(config).audit.ladder.gradient_canaries
     sets = [*ISOLATED, *(LINEAR if base else ()), "canaries.secrets.num=0", "fleet.num_models=0",
             f"train.dp.gradient_canaries={gradient}", f"audit.significance={SIGNIFICANCE / RUNGS}", *overrides,
@@ -70,7 +70,7 @@ def validate_config(*, trainer: str, canaries: int | None, config: str | Path, o
     """The run ``validate`` makes (:func:`validate_overrides` on the chosen preset), checked."""
     sets = validate_overrides(trainer=trainer, canaries=canaries, overrides=overrides, config=config)
     cfg = load_config(config, overrides=sets)
-    if cfg.trains_base() and not cfg.attack.attacks:
+    if cfg.starts_from_base() and not cfg.attack.attacks:
         # the one attack chosen in advance: the canaries' likelihood calibrated by the base model
         # (the reference without a fleet), so the bounds are corrected over one attack, not all
         cfg = dataclasses.replace(cfg, attack=dataclasses.replace(cfg.attack, attacks=["reference"]))
