@@ -52,8 +52,8 @@ def validate_overrides(*, trainer: str, canaries: int | None = None, overrides: 
     one model trained by ``trainer``, no reference fleet, no twins (the model is in the
     ladder's isolated design already, and :func:`verdict_of` writes its two rungs), and (unless
     ``overrides`` say otherwise) the audit design: :data:`ISOLATED`, and :data:`LINEAR` when the
-    run starts from a base model, its own or the user's (``docs/ceilings.md``). ``dpaudit train`` with the same overrides
-    trains the same model."""
+    run starts from a base model, its own or the user's (``docs/ceilings.md``). ``dpaudit
+    train`` with the same overrides trains the same model."""
     base = load_config(config, overrides=[*ISOLATED, *overrides]).starts_from_base()
     gradient = load_config(config).audit.ladder.gradient_canaries
     sets = [*ISOLATED, *(LINEAR if base else ()), "canaries.secrets.num=0", "fleet.num_models=0",
