@@ -292,24 +292,28 @@ def _rung_bound(r):
     return r.bound if r.significance is None else dataclasses.replace(r.bound, significance=r.significance)
 
 
-def _with_rungs(bounds, rungs) -> tuple[list, tuple[str, str] | None]:
-    """(bounds, remedy) of the verdict with the rungs that ran: the canary bounds (the released
-    rung's own tests) and each other rung's bound at the rung's significance. Their ceiling is
-    the testability ceiling (every guess right), never a rung's ideal (what a perfect attack
-    shows on a run that keeps its claim, below the claim)."""
+def _with_rungs(bounds, rungs) -> tuple[list, list, tuple[str, str] | None]:
+    """(bounds, tests, remedy) of the verdict with the rungs that ran: the canary bounds (the
+    released rung's own tests) and each other rung's bound, in ``bounds`` at the rung's
+    significance (the union the verdict sums) and in ``tests`` as the test ran (at its share of
+    it: what its ceiling is of). Their ceiling is the testability ceiling (every guess right),
+    never a rung's ideal (what a perfect attack shows on a run that keeps its claim, below the
+    claim)."""
     ran = [r for r in rungs if r.bound is not None and r.rung != "released"]
     pairs = list(bounds) + [(r.rung, _rung_bound(r)) for r in ran]
+    tests = list(bounds) + [(r.rung, r.bound) for r in ran]
     if not ran:
-        return pairs, None
+        return pairs, tests, None
     todo = "add canaries" if any(r.rung == "white_box" for r in ran) else "add canaries, or run the white-box rung"
-    return pairs, ("the ceiling of its strongest rung", todo)
+    return pairs, tests, ("the ceiling of its strongest rung", todo)
 
 
 def _rung_entry(r, *, claim, warn) -> dict[str, Any]:
-    """A rung's :meth:`~dpaudit.audit.ladder.Rung.to_dict` and its testability ``ceiling``."""
+    """A rung's :meth:`~dpaudit.audit.ladder.Rung.to_dict` and its testability ``ceiling``: the
+    most its best test could give with every guess right, at that test's own significance."""
     from dpaudit.audit import ceilings
 
-    found = {} if r.bound is None else ceilings([(r.rung, _rung_bound(r))], claim=claim, warn=warn)
+    found = {} if r.bound is None else ceilings([(r.rung, r.bound)], claim=claim, warn=warn)
     return {**r.to_dict(), "ceiling": max(found.values(), default=None)}
 
 
@@ -377,8 +381,8 @@ def model_entry(model: ModelSnapshot, *, include_texts: bool, repetitions: int,
         patient_rows = [{"model": model.name, "field": field, **row} for row in patient_rows]
     raw_checks = model.checks if isinstance(model.checks, Mapping) else None
     rungs = _rungs(model.ladder, privacy, warn)
-    pairs, remedy = _with_rungs(bounds, rungs)
-    found = ceilings(pairs, claim=claim, warn=warn)
+    pairs, tests, remedy = _with_rungs(bounds, rungs)
+    found = ceilings(tests, claim=claim, warn=warn)
     ceiling = max(found.values(), default=None)
     verdict = assess(bounds=pairs, claim=claim, learned=utility["fit_training_rows"], ceiling=ceiling, checks=raw_checks,
                      record=record, remedy=remedy)

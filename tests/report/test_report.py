@@ -470,6 +470,21 @@ def test_inconclusive_or_consistent_follows_the_largest_rung_ceiling(tmp_path):
     assert m["verdict"]["ceiling"] == m["audit"]["ceiling"] == m["rungs"][2]["ceiling"] > claim
 
 
+def test_a_rung_ceiling_is_its_best_test_s_at_that_test_s_significance(tmp_path):
+    # each rung's best test ran at 0.05, its share of the rung's 0.1: every guess right at 0.05
+    # is the most it could show (at 0.1 it would read higher: a test that never ran)
+    from dpaudit.audit import one_run_ceiling
+
+    ladder = [rung("released"), rung("input_space", m=12), rung("white_box", m=16)]
+    m = _model(_assembled(tmp_path, {"dp4": ladder}), "dp4")
+    for r, n in zip(m["rungs"], (60, 12, 16), strict=True):
+        at = {s: one_run_ceiling(method="one_run", num_canaries=n, delta=DELTA, significance=s) for s in (0.05, 0.1)}
+        assert r["ceiling"] == pytest.approx(at[0.05]) and at[0.05] < at[0.1]
+    # the verdict's: the largest over the canary tests and the other rungs' tests, each as it ran
+    assert m["verdict"]["ceiling"] == m["audit"]["ceiling"] == m["rungs"][2]["ceiling"]
+    assert m["verdict"]["significance"] == pytest.approx(0.05 + 0.1 + 0.1)  # the union still counts each rung's 0.1
+
+
 def test_a_refused_rung_does_not_enter_the_verdict(tmp_path):
     refused = rung("white_box", refused="canary <b>included</b> more often than the sampler's rate & so unsound",
                    ideal=50.0)
