@@ -90,7 +90,7 @@ from dpaudit.audit.two_sample import (
     two_sample_mu_bound,
     two_sample_mu_ceiling,
 )
-from dpaudit.audit.assess import Claim, assess, ceilings
+from dpaudit.audit.assess import Claim, assess, ceilings, rung_ceiling
 from dpaudit.audit.ladder import RUNGS, Rung
 from dpaudit.audit.verdict import Status, Verdict, decide, fit_from_log, learned
 
@@ -149,6 +149,7 @@ __all__ = [
     # the threat-model ladder
     "RUNGS",
     "Rung",
+    "rung_ceiling",
     # verdict
     "Claim",
     "Status",

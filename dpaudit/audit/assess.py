@@ -137,6 +137,15 @@ def ceilings(bounds: Sequence[tuple[str, BoundResult]], *, claim: Claim,
     return out
 
 
+def rung_ceiling(rung, *, claim: Claim, warn: Callable[[str], None] | None = None) -> float | None:
+    """The testability ceiling of a rung of the threat-model ladder (:class:`dpaudit.audit.ladder.Rung`):
+    what its best test could show with every guess right, at the significance that test ran at
+    (its share of the rung's); None for a rung without a bound, or when it cannot be computed."""
+    if rung.bound is None:
+        return None
+    return max(ceilings([(rung.rung, rung.bound)], claim=claim, warn=warn).values(), default=None)
+
+
 def _ceiling(b: BoundResult, *, delta: float, family: tuple) -> float:
     from dpaudit.audit.ceilings import claimed_curve_ceiling, one_run_ceiling
 

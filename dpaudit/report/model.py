@@ -308,15 +308,6 @@ def _with_rungs(bounds, rungs) -> tuple[list, list, tuple[str, str] | None]:
     return pairs, tests, ("the ceiling of its strongest rung", todo)
 
 
-def _rung_entry(r, *, claim, warn) -> dict[str, Any]:
-    """A rung's :meth:`~dpaudit.audit.ladder.Rung.to_dict` and its testability ``ceiling``: the
-    most its best test could give with every guess right, at that test's own significance."""
-    from dpaudit.audit import ceilings
-
-    found = {} if r.bound is None else ceilings([(r.rung, r.bound)], claim=claim, warn=warn)
-    return {**r.to_dict(), "ceiling": max(found.values(), default=None)}
-
-
 def _multi_run(result, warn) -> dict[str, Any] | None:
     """``multi_run.json`` without the per-run scores (they stay in ``multi_run.npz``)."""
     if isinstance(result, Unreadable):
@@ -344,7 +335,7 @@ def _error(model: ModelSnapshot) -> str | None:
 def model_entry(model: ModelSnapshot, *, include_texts: bool, repetitions: int,
                 trainable: str) -> tuple[dict, list[str], dict, list, list, list]:
     """(entry, warnings, roc arrays, extraction rows, patient-secret rows, bound rows) of one model."""
-    from dpaudit.audit import assess, ceilings, fit_from_log, learned
+    from dpaudit.audit import assess, ceilings, fit_from_log, learned, rung_ceiling
 
     warnings: list[str] = []
     warn = warnings.append
@@ -392,7 +383,8 @@ def model_entry(model: ModelSnapshot, *, include_texts: bool, repetitions: int,
         warn("no step-0 evaluation in train_log.jsonl: whether the model learned is unknown")
     entry = {"name": model.name, "error": error, "privacy": privacy, "dp": dp, "utility": utility,
              "train_checks": checks, "attacks": attacks, "canary_attacks": canary_attacks,
-             "audit": _audit(pairs, verdict, found, ceiling), "rungs": [_rung_entry(r, claim=claim, warn=warn) for r in rungs],
+             "audit": _audit(pairs, verdict, found, ceiling),
+             "rungs": [{**r.to_dict(), "ceiling": rung_ceiling(r, claim=claim, warn=warn)} for r in rungs],
              "extraction": extraction, "verdict": verdict.to_dict(),
              "multi_run": _multi_run(model.multi_run, warn), "warnings": warnings}
     bound_rows = [{"model": model.name, "attack": a, "method": b.method, "sound": b.sound, "epsilon": b.epsilon,

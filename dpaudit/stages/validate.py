@@ -121,7 +121,7 @@ def verdict_of(rundir: RunDir, *, epsilon: float, delta: float) -> dict[str, Any
     trainer's gradient canaries (:func:`dpaudit.audit.assess`, with the trainer's DP record and
     sampler checks): two rungs of the threat-model ladder, each at half the significance, which
     also go to the model's ``ladder.json`` for its report."""
-    from dpaudit.audit import CanaryScores, Claim, assess, claimed_curve_bound, learned
+    from dpaudit.audit import CanaryScores, Claim, assess, claimed_curve_bound, learned, rung_ceiling
     from dpaudit.stages.attack import claimed_family
     from dpaudit.stages.ladder import canary_rung, train_seconds, white_box_rung
 
@@ -151,13 +151,15 @@ def verdict_of(rundir: RunDir, *, epsilon: float, delta: float) -> dict[str, Any
         bounds.append(("white_box", dataclasses.replace(rungs[1].bound, significance=rungs[1].significance)))
     initial, final = fit_losses(rundir, md)
     checks = md.read_train_checks()
-    verdict = assess(bounds=bounds, claim=Claim.stated(epsilon=epsilon, delta=delta, family=family),
+    claim = Claim.stated(epsilon=epsilon, delta=delta, family=family)
+    verdict = assess(bounds=bounds, claim=claim,
                      learned=learned(initial_loss=initial, final_loss=final, trainable=config.model.trainable),
                      checks=checks, record=record)
     out = {k: v for k, v in verdict.to_dict().items() if k in JSON_KEYS}
     return {"verdict": verdict.status.value, **out, "claimed_epsilon": epsilon, "delta": delta,
-            "exit_code": verdict.exit_code, "rungs": [r.to_dict() for r in rungs], "run_dir": str(rundir.root),
-            "checks": checks, "initial_loss": initial, "final_loss": final}
+            "exit_code": verdict.exit_code,
+            "rungs": [{**r.to_dict(), "ceiling": rung_ceiling(r, claim=claim)} for r in rungs],
+            "run_dir": str(rundir.root), "checks": checks, "initial_loss": initial, "final_loss": final}
 
 
 def fit_losses(rundir: RunDir, md) -> tuple[float | None, float | None]:
