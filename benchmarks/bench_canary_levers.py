@@ -36,7 +36,9 @@ rows drawn afresh from the normal law of the other rows' mean and covariance) an
 ``pairs500`` and ``quads500`` (500 canaries of two and of four new tokens), ``pairs_zero_body`` (the
 canary rows isolated as the train stage now does on a new run's base: on a run prepared before,
 ``pairs`` has them as pretraining left them) and ``pairs_zero_body_sgd1`` (the same, trained by
-plain SGD at learning rate 1).
+plain SGD at learning rate 1), ``shared_first`` and ``shared_first2000`` (the rows isolated, and one new
+token, no secret's, first in every canary, its second token its own: 1,000 and 2,000 canaries from the
+pairs' pool, every canary read at one hidden state).
 
 Besides the five scores, two black-box ones: ``secret contrast``, a canary's secret-token
 log-probabilities minus the mean log-probability of the whole new-token pool at the same
@@ -84,6 +86,9 @@ LEVERS = {
                              "lr": 1.0},
     "pairs500": {"set": "new_token_pairs", "distinct": True, "num": 500},
     "quads500": {"set": "new_token_pairs", "distinct": True, "num": 500, "length": 4},
+    "shared_first": {"set": "new_token_pairs", "distinct": True, "zero_body": True, "shared_first": True},
+    "shared_first2000": {"set": "new_token_pairs", "distinct": True, "zero_body": True, "shared_first": True,
+                         "num": 2000},
 }
 
 
@@ -217,8 +222,13 @@ def measure(rundir, *, lever: dict, num: int, epsilon: float, seed: int, work: P
 
     config, tok = rundir.read_config(), read_tokenizer(rundir)
     num = lever.get("num", num)
-    spec, canaries = canary_set(num=num, distinct=lever.get("distinct", False), seed=seed, length=lever.get("length"),
+    spec, canaries = canary_set(num=num, distinct=lever.get("distinct", False), seed=seed,
+                                length=1 if lever.get("shared_first") else lever.get("length"),
                                 bare=lever.get("bare", False), name=lever.get("set"))
+    if lever.get("shared_first"):  # one new token, not a secret's, first in every canary
+        from dpaudit.canaries import new_tokens
+        first = next(t for t in reversed(new_tokens(spec)) if all(c.secret != t for c in canaries))
+        canaries = [dataclasses.replace(c, prefix=first, text=first + c.text) for c in canaries]
     embedding_only = lever.get("trainable") == "input_embeddings"
     included = np.array([c.included for c in canaries])
     base_dir = (equalized_base(rundir, tok, spec, work / "base") if lever.get("same_init")
