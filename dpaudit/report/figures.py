@@ -80,17 +80,17 @@ def _marker(m) -> str:
 # --------------------------------------------------------------------------- figures
 
 
-def _ladder_points(m: Mapping[str, Any]) -> list[tuple[str, float, float | None, float | None]]:
-    """(rung, bound, ideal, confidence) of each rung drawn for a model: the rungs that ran
-    (a refused one is left out); without a ladder, its canary audit as the released rung,
-    with no ideal."""
+def _ladder_points(m: Mapping[str, Any]) -> list[tuple[str, float, float | None, float | None, Sequence | None]]:
+    """(rung, bound, ideal, confidence, the ideal's range over its draws) of each rung drawn
+    for a model: the rungs that ran (a refused one is left out); without a ladder, its canary
+    audit as the released rung, with no ideal."""
     if m["rungs"]:
-        return [(g["rung"], g["epsilon"], g["ideal"], g["confidence"]) for g in m["rungs"]
+        return [(g["rung"], g["epsilon"], g["ideal"], g["confidence"], g.get("ideal_range")) for g in m["rungs"]
                 if g["epsilon"] is not None]
     a = m["audit"]
     if a["epsilon_lower_bound"] is None:
         return []
-    return [("released", a["epsilon_lower_bound"], None, a["confidence"])]
+    return [("released", a["epsilon_lower_bound"], None, a["confidence"], None)]
 
 
 def _percent_range(values: Sequence[float]) -> str:
@@ -128,7 +128,7 @@ def compliance(report: Mapping[str, Any]) -> Figure | None:
     axis = _EpsAxis(models)
     drawn = [(m, x, _ladder_points(m)) for m, x in _points(models, axis)]
     drawn = [(m, x, pts) for m, x, pts in drawn if pts]
-    positive = [v for _, _, pts in drawn for _, b, c, _ in pts for v in (b, c) if v]
+    positive = [v for _, _, pts in drawn for _, b, c, _, span in pts for v in (b, c, *(span or ())) if v]
     floor = min([axis.lo / 4] + [v / 3 for v in positive])
     top = max([axis.hi_finite * 2.5] + [v * 4 for v in positive])
     fig = Figure(figsize=(8.0, 6.4), layout="constrained")
@@ -150,10 +150,13 @@ def compliance(report: Mapping[str, Any]) -> Figure | None:
     confidence: dict[str, list[float]] = {}
     for m, x, pts in drawn:
         private = m["privacy"] == "dp"
-        for (rung, b, c, conf), xr in zip(pts, xrs[m["name"]]):
+        for (rung, b, c, conf, span), xr in zip(pts, xrs[m["name"]]):
             marker, color = RUNG_STYLE[rung]
             color = color if private else "0.45"
             y = max(b, floor)
+            if span is not None:  # where one run of a perfect attack lands: the ideal's draws
+                ax.plot([xr, xr], [max(span[0], floor), max(span[1], floor)], color=color, lw=6, alpha=0.22,
+                        zorder=2, solid_capstyle="butt")
             if c is not None:
                 ax.plot([xr, xr], [y, max(c, floor)], color=color, lw=1.0, alpha=0.35, zorder=2)
                 ax.plot([xr / 1.035, xr * 1.035], [max(c, floor)] * 2, color=color, lw=2.4, zorder=3,
@@ -181,6 +184,9 @@ def compliance(report: Mapping[str, Any]) -> Figure | None:
             labels.append(f"{RUNG_LABEL[rung]}: {RUNGS[rung]} ({_percent_range(confidence[rung])})")
     handles.append(ax.plot([], [], color="0.3", lw=2.4, marker="|", ms=0)[0])
     labels.append("ideal (tick): the median bound of a perfect attack on that rung, had the run kept its claim")
+    if any(span for _, _, pts in drawn for *_, span in pts):
+        handles.append(ax.plot([], [], color="0.3", lw=6, alpha=0.22, solid_capstyle="butt")[0])
+        labels.append("its range (pale bar): that bound over the ideal's draws, where one run of a perfect attack lands")
     if any(m["privacy"] == "non_private" for m, _, _ in drawn):
         handles.append(ax.plot([], [], marker="o", ls="none", color="0.45", markeredgecolor="black")[0])
         labels.append("no DP: its canaries' best bound, for scale")

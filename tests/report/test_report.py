@@ -531,6 +531,10 @@ def test_the_compliance_figure_is_the_ladder(tmp_path):
     assert [t.get_text() for t in top.get_xticklabels()] == ["dp4", "dp4-patient (patient-level)", "nonprivate"]
     white = sorted(x for line in ax.lines if line.get_marker() == "D" for x in line.get_xdata())
     assert len(white) == 2 and white[1] > 1.15 * white[0]  # the patient-level model apart from the note-level one
+    # each drawn rung's ideal range (its draws: 1.8 to 2.2 here) as a pale bar, named in the legend
+    bars = [line for line in ax.lines if line.get_linewidth() == 6 and line.get_alpha() == 0.22 and len(line.get_xdata())]
+    assert len(bars) == 4 and all(list(line.get_ydata()) == pytest.approx([1.8, 2.2]) for line in bars)
+    assert any(label.startswith("its range (pale bar)") for label in labels)
 
 
 def test_the_claim_line_is_flat_at_each_models_claim_across_its_rungs():
