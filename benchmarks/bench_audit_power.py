@@ -101,14 +101,15 @@ def collect(runs: list[Path]) -> dict[str, dict]:
             entry["canary_auc"].append(max(aucs, default=math.nan))
             entry["attacks"] = len(aucs)
             for r in m.get("rungs", []):
-                cell = entry["rungs"].setdefault(r["rung"], {"bounds": [], "ideals": [], "refused": [], "rungs": []})
+                cell = entry["rungs"].setdefault(r["rung"], {"bounds": [], "ideals": [], "refused": [], "rungs": [],
+                                                             "runs": []})
                 if r["epsilon"] is None:
                     cell["refused"].append(r["refused"])
                 else:
                     cell["bounds"].append(r["epsilon"])
                     cell["ideals"].append(r["ideal"])
                     cell["rungs"].append(r)
-                    cell.setdefault("runs", []).append((str(run), entry["canary_auc"][-1]))
+                    cell["runs"].append((str(run), entry["canary_auc"][-1]))  # (run, its best canary AUC)
     return models
 
 
