@@ -127,15 +127,14 @@ def share_ideal(rung: dict, *, share: float, attacks: int, trials: int = 15) -> 
     from sklearn.metrics import roc_auc_score
 
     from dpaudit.audit.canary_scores import CanaryScores
-    from dpaudit.audit.ladder import rung_bound
+    from dpaudit.audit.ladder import ideal_scores, rung_bound
 
     g = rung["regime"]
     family = {"noise_multiplier": g["noise_multiplier"], "sample_rate": g["sample_rate"], "steps": g["steps"]}
     rng, bounds, aucs = np.random.default_rng(0), [], []
     for _ in range(trials):
         member = rng.random(rung["num_canaries"]) < 0.5
-        k = rng.binomial(g["steps"], g["sample_rate"], size=member.size) * member
-        s = math.sqrt(share) * k + rng.normal(0.0, math.sqrt(g["steps"]) * g["noise_multiplier"], size=member.size)
+        s = ideal_scores(rng, member=member, **family, signal=np.full(g["steps"], math.sqrt(share)))
         aucs.append(roc_auc_score(member, s))
         cs = CanaryScores(in_scores=s[member], out_scores=s[~member], seed=0)
         bounds.append(rung_bound(cs, methods=("one_run", "claimed_curve"), **family, delta=g["delta"],
@@ -167,10 +166,12 @@ def ideal_spread(run: Path, model: str, rung: dict, *, attacks: int, draws: int)
                         trials=draws, seed=1, optimizer=optimizer_response(train, g["steps"]))
 
 
-def perfect_auc(run: Path, model: str, rung: dict, *, canaries: int = 20_000) -> float:
+def perfect_auc(run: Path, model: str, rung: dict, *, canaries: int = 20_000, signal=None) -> float:
     """The canary AUC of a perfect attack on the released rung's regime, its optimizer included
     (``dpaudit.audit.ladder.ideal_scores``), over ``canaries`` canaries: what the rung's best
-    attack would read if it were perfect, without the spread of one run's 1,000 canaries."""
+    attack would read if it were perfect, without the spread of one run's 1,000 canaries. With
+    ``signal`` (per step, the norm of a sampled canary's clipped gradient on its own row), a
+    perfect attack on canaries that keep only that much (``benchmarks/bench_canary_reads.py``)."""
     from sklearn.metrics import roc_auc_score
 
     from dpaudit.audit.ladder import ideal_scores
@@ -182,7 +183,7 @@ def perfect_auc(run: Path, model: str, rung: dict, *, canaries: int = 20_000) ->
     rng = np.random.default_rng(2)
     member = rng.random(canaries) < 0.5
     scores = ideal_scores(rng, member=member, noise_multiplier=g["noise_multiplier"], sample_rate=g["sample_rate"],
-                          steps=g["steps"], optimizer=optimizer_response(train, g["steps"]))
+                          steps=g["steps"], optimizer=optimizer_response(train, g["steps"]), signal=signal)
     return float(roc_auc_score(member, scores))
 
 

@@ -38,7 +38,23 @@ canary rows isolated as the train stage now does on a new run's base: on a run p
 ``pairs`` has them as pretraining left them) and ``pairs_zero_body_sgd1`` (the same, trained by
 plain SGD at learning rate 1), ``shared_first`` and ``shared_first2000`` (the rows isolated, and one new
 token, no secret's, first in every canary, its second token its own: 1,000 and 2,000 canaries from the
-pairs' pool, every canary read at one hidden state).
+pairs' pool, every canary read at one hidden state), ``pairs_zero_body_lr1.5e-3`` and
+``pairs_zero_body_lr2.5e-3`` (the rows isolated, the fine-tune's learning rate 1.5e-3 and 2.5e-3
+instead of the demo's 5e-3: the canaries' rows drift less from the pool's mean) and
+``pairs_zero_body_scale4``, ``pairs_zero_body_scale16`` (the rows isolated, then the whole pool's
+rows, tied input and output, scaled by 4 and 16: a larger residual stream after a canary's first
+token, so a smaller gradient from its state to the shared weights).
+
+With ``--trace`` (levers of two-token canaries whose every parameter trains), each step of the
+training also records, through a step hook on the optimizer, the share of a canary's squared
+gradient norm on its second token's row (median over 30 canaries), the state after its first
+token and that row of the step's noisy sum; the script then prints the share every fifth step
+and the canary AUC of the white-box read of every step (the noisy sum on the canary's row, read
+along that step's state, summed over the steps: what the mechanism put on the canary's row)
+beside a perfect attack on plain SGD in that regime, whole (the ladder's final-model ideal
+without the optimizer) and with the traced shares (``dpaudit.audit.ladder.ideal_scores``, signal
+sqrt(share)), and how far the state after a first token moved (its cosine between the first
+step and the last, median over the canaries). See docs/ceilings.md, "Where the rest of the gap lies".
 
 Besides the five scores, two black-box ones: ``secret contrast``, a canary's secret-token
 log-probabilities minus the mean log-probability of the whole new-token pool at the same
@@ -57,6 +73,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 LEVERS = {
     "default": {},
@@ -86,6 +103,10 @@ LEVERS = {
                              "lr": 1.0},
     "pairs500": {"set": "new_token_pairs", "distinct": True, "num": 500},
     "quads500": {"set": "new_token_pairs", "distinct": True, "num": 500, "length": 4},
+    "pairs_zero_body_lr1.5e-3": {"set": "new_token_pairs", "distinct": True, "zero_body": True, "lr": 1.5e-3},
+    "pairs_zero_body_lr2.5e-3": {"set": "new_token_pairs", "distinct": True, "zero_body": True, "lr": 2.5e-3},
+    "pairs_zero_body_scale4": {"set": "new_token_pairs", "distinct": True, "zero_body": True, "row_scale": 4.0},
+    "pairs_zero_body_scale16": {"set": "new_token_pairs", "distinct": True, "zero_body": True, "row_scale": 16.0},
     "shared_first": {"set": "new_token_pairs", "distinct": True, "zero_body": True, "shared_first": True},
     "shared_first2000": {"set": "new_token_pairs", "distinct": True, "zero_body": True, "shared_first": True,
                          "num": 2000},
@@ -194,20 +215,80 @@ def redrawn_base(rundir, tokenizer, spec, out: Path, *, seed: int) -> Path:
     return out
 
 
-def zero_body_base(rundir, tokenizer, spec, canaries, out: Path) -> Path:
+def zero_body_base(rundir, tokenizer, spec, canaries, out: Path, *, scale: float = 1.0) -> Path:
     """A copy of the base with the new-token rows isolated (:func:`dpaudit.models.isolate_token_rows`,
-    what the train stage does to the base of a run with new-token canaries)."""
+    what the train stage does to the base of a run with new-token canaries), then multiplied by
+    ``scale``."""
     from dpaudit.canaries import canary_token_ids
     from dpaudit.models import isolate_token_rows, load_model, save_model
 
     model = load_model(rundir.base_dir)
     isolate_token_rows(model, token_ids=canary_token_ids(tokenizer, spec),
                        example_ids=tokenizer(canaries[0].text)["input_ids"])
+    if scale != 1.0:
+        with torch.no_grad():
+            model.get_input_embeddings().weight[canary_token_ids(tokenizer, spec)] *= scale
     save_model(model, tokenizer, out)
     return out
 
 
-def measure(rundir, *, lever: dict, num: int, epsilon: float, seed: int, work: Path, model: str | None = None) -> dict:
+class Tracer:
+    """A step hook for every optimizer (``register_optimizer_step_pre_hook``): before each step
+    of the training it copies the trained parameters into a copy of the base and records, for
+    the two-token canaries ``pairs`` (token ids a, b), the state after a, the row of b in the
+    step's noisy sum (``.grad`` of the output embedding: what the mechanism releases, divided
+    by the expected batch size) and the median share of the squared gradient norm of
+    -log p(b | a) on b's row over the first 30 canaries."""
+
+    def __init__(self, base_dir: Path, pairs: list[list[int]]):
+        from dpaudit.models import load_model
+
+        if any(len(p) != 2 for p in pairs):
+            raise SystemExit("--trace needs canaries of two tokens (the new_token_pairs set)")
+        self.model = load_model(base_dir).eval()
+        self.first, self.second = torch.tensor([p[0] for p in pairs]), torch.tensor([p[1] for p in pairs])
+        self.states, self.rows, self.shares = [], [], []
+
+    def __call__(self, optimizer, args, kwargs) -> None:
+        trained = [p for group in optimizer.param_groups for p in group["params"]]
+        params = list(self.model.parameters())
+        if [p.shape for p in trained] != [p.shape for p in params]:
+            raise SystemExit("--trace needs a training of every parameter")
+        head = self.model.get_output_embeddings().weight
+        where = next(i for i, p in enumerate(params) if p is head)
+        with torch.no_grad():
+            for mine, theirs in zip(params, trained):
+                mine.copy_(theirs)
+            self.states.append(self.model(self.first[:, None], output_hidden_states=True).hidden_states[-1][:, 0]
+                               .double())
+            self.rows.append(trained[where].grad[self.second].double().clone())
+        shares = []
+        for a, b in zip(self.first[:30].tolist(), self.second[:30].tolist()):
+            loss = -self.model(torch.tensor([[a, b]])).logits[0, 0].log_softmax(-1)[b]
+            grads = torch.autograd.grad(loss, params, allow_unused=True)
+            shares.append(float(grads[where][b].square().sum() / sum(g.square().sum() for g in grads if g is not None)))
+        self.shares.append(float(np.median(shares)))
+
+    def result(self, member: np.ndarray, family: dict) -> dict:
+        from sklearn.metrics import roc_auc_score
+
+        from dpaudit.audit.ladder import ideal_scores
+
+        states = torch.nn.functional.normalize(torch.stack(self.states), dim=2)
+        white_box = -(torch.stack(self.rows) * states).sum(2).sum(0)  # descending the loss moves b's row along h
+        shares = np.array(self.shares)
+        rng = np.random.default_rng(0)
+        perfect = rng.random(20_000) < 0.5
+        whole, kept = (roc_auc_score(perfect, ideal_scores(np.random.default_rng(1), member=perfect, **family,
+                                                           signal=signal))
+                       for signal in (None, np.sqrt(shares)))
+        return {"own_share_by_step": shares.tolist(), "white_box_auc": float(roc_auc_score(member, white_box.numpy())),
+                "perfect_auc": float(whole), "perfect_auc_kept": float(kept),
+                "state_cosine": float((states[0] * states[-1]).sum(1).median())}
+
+
+def measure(rundir, *, lever: dict, num: int, epsilon: float, seed: int, work: Path, model: str | None = None,
+            trace: bool = False) -> dict:
     import datasets
 
     from dpaudit.audit import CanaryScores, claimed_curve_bound
@@ -233,7 +314,7 @@ def measure(rundir, *, lever: dict, num: int, epsilon: float, seed: int, work: P
     included = np.array([c.included for c in canaries])
     base_dir = (equalized_base(rundir, tok, spec, work / "base") if lever.get("same_init")
                 else redrawn_base(rundir, tok, spec, work / "base", seed=seed) if lever.get("redrawn")
-                else zero_body_base(rundir, tok, spec, canaries, work / "base") if lever.get("zero_body") else rundir.base_dir)
+                else zero_body_base(rundir, tok, spec, canaries, work / "base", scale=lever.get("row_scale", 1.0)) if lever.get("zero_body") else rundir.base_dir)
     base = load_model(base_dir)
     pool_ids = canary_token_ids(tok, spec)
     missing = sum(i is None or i == tok.unk_token_id for i in pool_ids)
@@ -272,8 +353,14 @@ def measure(rundir, *, lever: dict, num: int, epsilon: float, seed: int, work: P
         trained = TrainingRecord()
         return dpsgd(train, tok, seed=model_seed, config=cfg, record=trained, eval_dataset=heldout), trained
 
+    tracer = Tracer(base_dir, [tok(c.text)["input_ids"] for c in canaries]) if trace else None
     t0 = time.perf_counter()
-    model, trained = train_with(canaries, seed)
+    handle = register_optimizer_step_pre_hook(tracer) if tracer else None
+    try:
+        model, trained = train_with(canaries, seed)
+    finally:
+        if handle is not None:
+            handle.remove()
     train_s = time.perf_counter() - t0
     record, log = trained.dp, trained.log
 
@@ -322,10 +409,11 @@ def measure(rundir, *, lever: dict, num: int, epsilon: float, seed: int, work: P
     scores["secret contrast"] = contrast
     scores["secret contrast - base"] = contrast - pool_contrast(base, tok, texts, pool_ids, n_secret)
     family = record.dpsgd_parameters
+    traced = tracer.result(included, family) if tracer else None
     significance = 0.05 / (2 * len(scores))
     out = {"sigma": record.noise_multiplier, "sample_rate": record.sample_rate, "steps": record.steps,
            "num_canaries": num, "train_s": round(train_s, 1), "heldout_perplexity": log[-1].get("heldout_perplexity"),
-           "cross_talk": talk, "scores": {}}
+           "cross_talk": talk, "trace": traced, "scores": {}}
     for name, s in scores.items():
         cs = CanaryScores(in_scores=s[included], out_scores=s[~included], seed=0)
         out["scores"][name] = {
@@ -344,6 +432,7 @@ def main() -> None:
     parser.add_argument("--epsilon", type=float, default=4.0)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--model", help="the model of the run whose trainer settings the levers use (default: the last)")
+    parser.add_argument("--trace", action="store_true", help="record each step's canary share and white-box read")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
@@ -358,7 +447,7 @@ def main() -> None:
     for name in names:
         with tempfile.TemporaryDirectory(prefix="dpaudit-lever-") as work:
             results[name] = measure(rundir, lever=LEVERS[name], num=args.num_canaries, epsilon=args.epsilon, model=args.model,
-                                    seed=args.seed, work=Path(work))
+                                    seed=args.seed, work=Path(work), trace=args.trace)
         if not args.json:
             r = results[name]
             print(f"\n{name}: sigma {r['sigma']:.2f}, q {r['sample_rate']:.3f}, T {r['steps']}, train {r['train_s']:.0f} s,"
@@ -367,6 +456,13 @@ def main() -> None:
                   f"norm on its own token rows {r['cross_talk']['own_rows_share']:.3f}")
             for score, v in r["scores"].items():
                 print(f"  {score:<22} AUC {v['auc']:.3f}   one-run {v['one_run']:.2f}   family {v['family']:.2f}")
+            if r["trace"]:
+                t = r["trace"]
+                shares = ", ".join(f"{x:.3f}" for x in t["own_share_by_step"][::5])
+                print(f"  trace: own-row share every fifth step {shares} (last {t['own_share_by_step'][-1]:.3f});"
+                      f" white-box read of each step AUC {t['white_box_auc']:.3f}; perfect on plain SGD"
+                      f" {t['perfect_auc']:.3f}, with these shares {t['perfect_auc_kept']:.3f}; the state after a"
+                      f" first token, first step against last: cosine {t['state_cosine']:.2f}")
     if args.json:
         print(json.dumps(results, indent=2))
 

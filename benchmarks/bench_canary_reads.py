@@ -21,15 +21,30 @@ five reads of b's row:
 
 A read that beat ``loss`` would be an attack the released rung lacks; none does on the
 demo's runs (docs/ceilings.md, "Why the released rung stays short").
+
+Then how much of each inclusion the canaries keep. The released rung's ideal counts every
+inclusion of a canary as its whole clipped gradient on a row of its own; the base isolates
+the rows so that it is (``own share``: the share of a canary's squared gradient norm on b's
+row, median over 30 canaries, at the base and at the final model). As training moves b's row
+away from the pool's mean, the canary's gradient reaches the shared weights through the state
+after a, and its clipped norm on b's row falls: with a row that drifts as a random walk, the
+squared norm on the shared weights grows linearly in the step, so 1 / share - 1 goes linearly
+from its value at the base to its value at the final model (what
+``benchmarks/bench_canary_levers.py --trace`` measures step by step). ``perfect`` is the canary
+AUC of a perfect attack on the rung's regime and optimizer (its ideal), ``perfect, kept``
+the same on canaries that keep sqrt(share) of the clipping norm at each step
+(``dpaudit.audit.ladder.ideal_scores(signal=...)``), both over 20,000 canaries.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 import numpy as np
 import torch
+from bench_audit_power import perfect_auc
 from sklearn.metrics import roc_auc_score
 
 
@@ -72,8 +87,30 @@ def reads(run: Path, model_name: str) -> dict[str, float]:
     aucs["held-out direction"] = float(np.mean(held))
     hf = unit(h_final, dim=1)
     pairwise = (hf @ hf.T).numpy()[np.triu_indices(len(hf), 1)]
+    share = {"own share base": own_share(base, ids[:30]), "own share final": own_share(final, ids[:30])}
+    report = json.loads((run / "report.json").read_text())
+    rung = next(r for m in report["models"] if m["name"] == model_name for r in m["rungs"] if r["rung"] == "released")
+    steps = rung["regime"]["steps"]
+    kept = 1 / share["own share base"] - 1 + (1 / share["own share final"] - 1 / share["own share base"]) * (
+        np.arange(steps) / steps)
     return {"cos base-final": float(torch.nn.functional.cosine_similarity(h_base, h_final).median()),
-            "cos across canaries": float(pairwise.mean()), **{k: float(v) for k, v in aucs.items()}}
+            "cos across canaries": float(pairwise.mean()), **{k: float(v) for k, v in aucs.items()}, **share,
+            "perfect": perfect_auc(run, model_name, rung),
+            "perfect, kept": perfect_auc(run, model_name, rung, signal=np.sqrt(1 / (1 + kept)))}
+
+
+def own_share(model, pairs: list[list[int]]) -> float:
+    """Median over the canaries ``pairs`` (token ids a, b) of the share of the squared norm of
+    the gradient of -log p(b | a) that lies on b's output row."""
+    params = list(model.parameters())
+    row = next(i for i, p in enumerate(params) if p is model.get_output_embeddings().weight)
+    shares = []
+    for a, b in pairs:
+        loss = -model(torch.tensor([[a, b]])).logits[0, 0].log_softmax(-1)[b]
+        grads = torch.autograd.grad(loss, params, allow_unused=True)
+        total = sum(g.square().sum() for g in grads if g is not None)
+        shares.append(float(grads[row][b].square().sum() / total))
+    return float(np.median(shares))
 
 
 def main() -> None:
@@ -82,10 +119,8 @@ def main() -> None:
     parser.add_argument("--model", action="append", help="a DP model of the runs (default: every DP model of its report)")
     args = parser.parse_args()
 
-    import json
-
     columns = ["cos base-final", "cos across canaries", "loss", "row . h_final", "row . h_base", "row . both",
-               "held-out direction"]
+               "held-out direction", "own share base", "own share final", "perfect", "perfect, kept"]
     print(f"{'run':<28}{'model':<18}" + "".join(f"{c:>20}" for c in columns))
     for run in args.run:
         report = json.loads((run / "report.json").read_text())

@@ -118,25 +118,39 @@ ROW_DIM = 64
 
 
 def ideal_scores(rng: np.random.Generator, *, member: np.ndarray, noise_multiplier: float, sample_rate: float,
-                 steps: int, optimizer: Callable[[Iterable[np.ndarray]], np.ndarray] | None = None) -> np.ndarray:
+                 steps: int, optimizer: Callable[[Iterable[np.ndarray]], np.ndarray] | None = None,
+                 signal: Sequence[float] | None = None) -> np.ndarray:
     """Each canary's ideal score in its regime, in units of the clipping norm: the steps that
     sampled it (Binomial(T, q) for a member, 0 otherwise) plus N(0, T sigma^2), the plain sum
     of its noisy steps (SGD at a constant rate). With ``optimizer`` (the released model's
     update rule, :func:`dpaudit.train.plan.optimizer_response`), each canary is a row of
     :data:`ROW_DIM` coordinates whose T gradients, b_t u + N(0, sigma^2 I) with u a random unit
     vector and b_t ~ Bernoulli(q) for a member, go through that optimizer; the score is the
-    final row's projection on u: what a perfect attack on that final model sees."""
+    final row's projection on u: what a perfect attack on that final model sees.
+
+    ``signal`` (T numbers in [0, 1], default 1 at every step): the norm of a sampled canary's
+    clipped gradient that lies on its own coordinates at step t, b_t ``signal[t]`` u in place
+    of b_t u. Not the ideal of a rung: a measurement of a canary design, whose canaries keep
+    less than the whole clipped norm on rows of their own (docs/ceilings.md)."""
     member = np.asarray(member, dtype=bool)
+    if signal is not None:
+        signal = np.asarray(signal, dtype=float)
+        if signal.shape != (steps,) or not ((signal >= 0) & (signal <= 1)).all():
+            raise InputError(f"signal must be {steps} numbers in [0, 1], one per step")
     if optimizer is None:
-        k = rng.binomial(steps, sample_rate, size=member.size) * member
+        if signal is None:
+            k = rng.binomial(steps, sample_rate, size=member.size) * member
+        else:
+            k = (rng.random((steps, member.size)) < sample_rate).T @ signal * member
         return k + rng.normal(0.0, math.sqrt(steps) * noise_multiplier, size=member.size)
     u = rng.normal(size=(member.size, ROW_DIM))
     u /= np.linalg.norm(u, axis=1, keepdims=True)
+    scale = np.ones(steps) if signal is None else signal
 
     def gradients():  # of each canary's loss on its row: descending it moves the row along u
-        for _ in range(steps):
+        for t in range(steps):
             b = (rng.random(member.size) < sample_rate) & member
-            yield -(b[:, None] * u + rng.normal(0.0, noise_multiplier, size=u.shape))
+            yield -(scale[t] * b[:, None] * u + rng.normal(0.0, noise_multiplier, size=u.shape))
 
     return np.einsum("ij,ij->i", optimizer(gradients()), u)
 

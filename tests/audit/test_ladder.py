@@ -249,3 +249,32 @@ def test_ideal_scores_through_the_loops_optimizers():
            (("closed", closed), ("adamw", ideal_scores(np.random.default_rng(2), member=member, **regime,
                                                        optimizer=adamw)))}
     assert 0.6 < auc["adamw"] < auc["closed"] - 0.01
+
+
+def test_ideal_scores_with_a_canarys_own_share_of_each_inclusion():
+    """``signal``: a sampled member adds signal[t] (not 1) at step t. All ones is the ideal
+    itself, draw for draw; a naive loop over steps agrees in law; all zeros leaves nothing to
+    tell members apart; a wrong length or a value outside [0, 1] is refused."""
+    from dpaudit.config import TrainConfig
+    from dpaudit.train.plan import optimizer_response
+
+    member, regime = np.arange(20_000) % 2 == 0, dict(noise_multiplier=0.8, sample_rate=0.3, steps=4)
+    adamw = optimizer_response(TrainConfig(trainer="dpaudit.train:dpsgd", optimizer="adamw", lr=5e-3), 4)
+    for optimizer in (None, adamw):
+        plain = ideal_scores(np.random.default_rng(0), member=member, **regime, optimizer=optimizer)
+        ones = ideal_scores(np.random.default_rng(0), member=member, **regime, optimizer=optimizer, signal=np.ones(4))
+        if optimizer is not None:
+            np.testing.assert_array_equal(plain, ones)
+        zero = ideal_scores(np.random.default_rng(1), member=member, **regime, optimizer=optimizer, signal=np.zeros(4))
+        assert stats.ks_2samp(zero[member], zero[~member]).pvalue > 1e-3
+    signal = np.array([1.0, 0.8, 0.6, 0.4])
+    fast = ideal_scores(np.random.default_rng(2), member=member, **regime, signal=signal)
+    rng, slow = np.random.default_rng(3), np.zeros(member.size)
+    for s in signal:
+        slow += s * (rng.random(member.size) < 0.3) * member + rng.normal(0.0, 0.8, member.size)
+    for side in (member, ~member):
+        assert stats.ks_2samp(fast[side], slow[side]).pvalue > 1e-3
+    assert fast[member].mean() == pytest.approx(0.3 * signal.sum(), abs=0.03)
+    for bad in (np.ones(3), np.array([1.0, 1.0, 1.0, 1.5]), np.array([1.0, -0.1, 1.0, 1.0])):
+        with pytest.raises(InputError, match="signal"):
+            ideal_scores(np.random.default_rng(0), member=member, **regime, signal=bad)
