@@ -73,6 +73,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from bench_canary_reads import own_share
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 LEVERS = {
@@ -238,7 +239,7 @@ class Tracer:
     the two-token canaries ``pairs`` (token ids a, b), the state after a, the row of b in the
     step's noisy sum (``.grad`` of the output embedding: what the mechanism releases, divided
     by the expected batch size) and the median share of the squared gradient norm of
-    -log p(b | a) on b's row over the first 30 canaries."""
+    -log p(b | a) on b's row over the first 30 canaries (``bench_canary_reads.own_share``)."""
 
     def __init__(self, base_dir: Path, pairs: list[list[int]]):
         from dpaudit.models import load_model
@@ -262,12 +263,7 @@ class Tracer:
             self.states.append(self.model(self.first[:, None], output_hidden_states=True).hidden_states[-1][:, 0]
                                .double())
             self.rows.append(trained[where].grad[self.second].double().clone())
-        shares = []
-        for a, b in zip(self.first[:30].tolist(), self.second[:30].tolist()):
-            loss = -self.model(torch.tensor([[a, b]])).logits[0, 0].log_softmax(-1)[b]
-            grads = torch.autograd.grad(loss, params, allow_unused=True)
-            shares.append(float(grads[where][b].square().sum() / sum(g.square().sum() for g in grads if g is not None)))
-        self.shares.append(float(np.median(shares)))
+        self.shares.append(own_share(self.model, list(zip(self.first[:30].tolist(), self.second[:30].tolist()))))
 
     def result(self, member: np.ndarray, family: dict) -> dict:
         from sklearn.metrics import roc_auc_score
