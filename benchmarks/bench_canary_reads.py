@@ -48,7 +48,9 @@ from bench_audit_power import perfect_auc
 from sklearn.metrics import roc_auc_score
 
 
-def reads(run: Path, model_name: str) -> dict[str, float]:
+def reads(run: Path, report: dict, model_names: list[str]) -> dict[str, dict[str, float]]:
+    """The reads of every model of ``model_names`` of the run (``report``: its report.json),
+    the base's state and share taken once."""
     from dpaudit.canaries import canaries_from_dict
     from dpaudit.models import load_model
     from dpaudit.rundir import RunDir
@@ -62,7 +64,7 @@ def reads(run: Path, model_name: str) -> dict[str, float]:
         raise SystemExit(f"{run}: the canaries are not two new tokens each (the demo's new_token_pairs)")
     member = np.array([c.included for c in canaries])
     first, second = torch.tensor([i[0] for i in ids]), torch.tensor([i[1] for i in ids])
-    base, final = load_model(rundir.base_dir).eval(), load_model(rundir.model(model_name).root / "model").eval()
+    base = load_model(rundir.base_dir).eval()
 
     def state(model):  # the last hidden state after a, and the log-probabilities there
         with torch.no_grad():
@@ -70,33 +72,36 @@ def reads(run: Path, model_name: str) -> dict[str, float]:
         return out.hidden_states[-1][:, 0].double(), out.logits[:, 0].double().log_softmax(-1)
 
     h_base, _ = state(base)
-    h_final, logp = state(final)
-    change = (final.get_output_embeddings().weight - base.get_output_embeddings().weight).detach().double()[second]
+    base_share = own_share(base, ids[:30])
     unit = torch.nn.functional.normalize
-    aucs = {
-        "loss": roc_auc_score(member, logp[torch.arange(len(second)), second].numpy()),
-        "row . h_final": roc_auc_score(member, (change * h_final).sum(1).numpy()),
-        "row . h_base": roc_auc_score(member, (change * h_base).sum(1).numpy()),
-        "row . both": roc_auc_score(member, (change * (unit(h_base, dim=1) + unit(h_final, dim=1))).sum(1).numpy()),
-    }
-    rng, held = np.random.default_rng(0), []
-    for _ in range(20):
-        half = rng.random(len(member)) < 0.5
-        direction = change[half & member].mean(0) - change[half & ~member].mean(0)
-        held.append(roc_auc_score(member[~half], (change[~half] @ direction).numpy()))
-    aucs["held-out direction"] = float(np.mean(held))
-    hf = unit(h_final, dim=1)
-    pairwise = (hf @ hf.T).numpy()[np.triu_indices(len(hf), 1)]
-    share = {"own share base": own_share(base, ids[:30]), "own share final": own_share(final, ids[:30])}
-    report = json.loads((run / "report.json").read_text())
-    rung = next(r for m in report["models"] if m["name"] == model_name for r in m["rungs"] if r["rung"] == "released")
-    steps = rung["regime"]["steps"]
-    kept = 1 / share["own share base"] - 1 + (1 / share["own share final"] - 1 / share["own share base"]) * (
-        np.arange(steps) / steps)
-    return {"cos base-final": float(torch.nn.functional.cosine_similarity(h_base, h_final).median()),
-            "cos across canaries": float(pairwise.mean()), **{k: float(v) for k, v in aucs.items()}, **share,
-            "perfect": perfect_auc(run, model_name, rung),
-            "perfect, kept": perfect_auc(run, model_name, rung, signal=np.sqrt(1 / (1 + kept)))}
+    out = {}
+    for name in model_names:
+        final = load_model(rundir.model(name).root / "model").eval()
+        h_final, logp = state(final)
+        change = (final.get_output_embeddings().weight - base.get_output_embeddings().weight).detach().double()[second]
+        aucs = {
+            "loss": roc_auc_score(member, logp[torch.arange(len(second)), second].numpy()),
+            "row . h_final": roc_auc_score(member, (change * h_final).sum(1).numpy()),
+            "row . h_base": roc_auc_score(member, (change * h_base).sum(1).numpy()),
+            "row . both": roc_auc_score(member, (change * (unit(h_base, dim=1) + unit(h_final, dim=1))).sum(1).numpy()),
+        }
+        rng, held = np.random.default_rng(0), []
+        for _ in range(20):
+            half = rng.random(len(member)) < 0.5
+            direction = change[half & member].mean(0) - change[half & ~member].mean(0)
+            held.append(roc_auc_score(member[~half], (change[~half] @ direction).numpy()))
+        aucs["held-out direction"] = float(np.mean(held))
+        hf = unit(h_final, dim=1)
+        pairwise = (hf @ hf.T).numpy()[np.triu_indices(len(hf), 1)]
+        share = {"own share base": base_share, "own share final": own_share(final, ids[:30])}
+        rung = next(r for m in report["models"] if m["name"] == name for r in m["rungs"] if r["rung"] == "released")
+        steps = rung["regime"]["steps"]
+        kept = 1 / base_share - 1 + (1 / share["own share final"] - 1 / base_share) * (np.arange(steps) / steps)
+        out[name] = {"cos base-final": float(torch.nn.functional.cosine_similarity(h_base, h_final).median()),
+                     "cos across canaries": float(pairwise.mean()), **{k: float(v) for k, v in aucs.items()},
+                     **share, "perfect": perfect_auc(run, name, rung),
+                     "perfect, kept": perfect_auc(run, name, rung, signal=np.sqrt(1 / (1 + kept)))}
+    return out
 
 
 def own_share(model, pairs: list[list[int]]) -> float:
@@ -125,8 +130,7 @@ def main() -> None:
     for run in args.run:
         report = json.loads((run / "report.json").read_text())
         names = args.model or [m["name"] for m in report["models"] if m["privacy"] == "dp" and not m["error"]]
-        for name in names:
-            r = reads(run, name)
+        for name, r in reads(run, report, names).items():
             print(f"{str(run)[-27:]:<28}{name:<18}" + "".join(f"{r[c]:>20.3f}" for c in columns))
 
 
