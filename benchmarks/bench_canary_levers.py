@@ -43,7 +43,9 @@ pairs' pool, every canary read at one hidden state), ``pairs_zero_body_lr1.5e-3`
 instead of the demo's 5e-3: the canaries' rows drift less from the pool's mean) and
 ``pairs_zero_body_scale4``, ``pairs_zero_body_scale16`` (the rows isolated, then the whole pool's
 rows, tied input and output, scaled by 4 and 16: a larger residual stream after a canary's first
-token, so a smaller gradient from its state to the shared weights).
+token, so a smaller gradient from its state to the shared weights), ``pairs_zero_body_q0.2_T20`` and
+``pairs_zero_body_q0.4_T10`` (the rows isolated, the batch 2 and 4 times the demo's for half and a
+quarter of its steps: the same examples seen, a larger sampling rate at the same epsilon).
 
 With ``--trace`` (levers of two-token canaries whose every parameter trains), each step of the
 training also records, through a step hook on the optimizer, the share of a canary's squared
@@ -108,6 +110,10 @@ LEVERS = {
     "pairs_zero_body_lr2.5e-3": {"set": "new_token_pairs", "distinct": True, "zero_body": True, "lr": 2.5e-3},
     "pairs_zero_body_scale4": {"set": "new_token_pairs", "distinct": True, "zero_body": True, "row_scale": 4.0},
     "pairs_zero_body_scale16": {"set": "new_token_pairs", "distinct": True, "zero_body": True, "row_scale": 16.0},
+    "pairs_zero_body_q0.2_T20": {"set": "new_token_pairs", "distinct": True, "zero_body": True, "batch_scale": 2,
+                                 "steps": 20},
+    "pairs_zero_body_q0.4_T10": {"set": "new_token_pairs", "distinct": True, "zero_body": True, "batch_scale": 4,
+                                 "steps": 10},
     "shared_first": {"set": "new_token_pairs", "distinct": True, "zero_body": True, "shared_first": True},
     "shared_first2000": {"set": "new_token_pairs", "distinct": True, "zero_body": True, "shared_first": True,
                          "num": 2000},
@@ -338,6 +344,7 @@ def measure(rundir, *, lever: dict, num: int, epsilon: float, seed: int, work: P
                                  max_length=config.data.max_length)
         # the same sampling rate as with every member: fewer units, a proportionally smaller batch
         batch = max(1, round(base_cfg.train.batch_size * (len(rows) + ins) / (num_members + ins)))
+        batch *= lever.get("batch_scale", 1)  # a larger sampling rate q
         if "q" in lever:
             batch = max(1, int(lever["q"] * (len(set(rows["unit_id"])) + ins)))  # protected units: patients, canaries
         cfg = dataclasses.replace(base_cfg, model=dataclasses.replace(base_cfg.model, base_model=str(base_dir),
