@@ -13,19 +13,24 @@ puts it through the engine's noise and adds it to the scores (:mod:`dpaudit.trai
 
 Both modes are timed: reproducible (seeded torch noise, seeded canary draws and noise) and
 secure (the default of DP training: ChaCha20 noise from a
-:class:`~dpaudit.train.sampling.SecureGenerator`, canary draws from the OS). Each round times
-``--steps`` steps without canaries and ``--steps`` with them, back to back, in alternating
-order; the clock is the process's CPU time (one thread: the work done, whatever else the
-machine runs). The ratio of a round is its time with canaries over its time without; the
-summary is the median and the range of the rounds' ratios (goal: at most 1.05). Each round
-also times the canaries' work alone (``GradientEngine.canary_step``, ``--steps`` times) as a
-share of the steps without them: the part of the ratio that is the canaries' own arithmetic.
+:class:`~dpaudit.train.sampling.SecureGenerator`, canary draws from a
+:class:`~dpaudit.train.sampling.SecureRandom`). Each round times ``--steps`` steps without
+canaries and ``--steps`` with them, back to back, in alternating order; the clock is the
+process's CPU time (one thread: the work done, whatever else the machine runs). The ratio of
+a round is its time with canaries over its time without; the summary is the median and the
+range of the rounds' ratios (goal: at most 1.05). Each round also times the canaries' work
+alone (``GradientEngine.canary_step``, ``--steps`` times) as a share of the steps without them:
+the part of the ratio that is the canaries' own arithmetic; and the secure members' inclusion
+draws alone, from the keystream of :class:`~dpaudit.train.sampling.SecureRandom` and, as they
+were drawn before it, from ``os.urandom`` for every draw.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import platform
 import statistics
 import sys
@@ -36,9 +41,15 @@ import torch
 
 from dpaudit import bench
 from dpaudit.train.gradient_canaries import GradientCanaries
-from dpaudit.train.sampling import OSRandom, RunSeeds, SecureGenerator
+from dpaudit.train.sampling import RunSeeds, SecureGenerator, SecureRandom
 
 MICROBATCH = 16
+
+
+def urandom_bernoulli(p: float, size: int) -> np.ndarray:
+    """The secure canaries' inclusion draws before :class:`~dpaudit.train.sampling.SecureRandom`:
+    32-bit words of ``os.urandom`` (a system call for every draw), below floor(p 2^32)."""
+    return np.frombuffer(os.urandom(4 * size), dtype=np.uint32) < np.uint32(math.floor(p * 2.0**32))
 
 
 def run(*, rounds: int, steps: int, canaries: int, sample_rate: float, batch: int, threads: int) -> dict:
@@ -55,7 +66,7 @@ def run(*, rounds: int, steps: int, canaries: int, sample_rate: float, batch: in
             num_canaries=canaries, sample_rate=sample_rate, max_grad_norm=engine.max_grad_norm,
             rng=seeds.canary_generator(), noise_generator=seeds.canary_noise_generator())),
         "secure": (SecureGenerator(), GradientCanaries(
-            num_canaries=canaries, sample_rate=sample_rate, max_grad_norm=engine.max_grad_norm, rng=OSRandom())),
+            num_canaries=canaries, sample_rate=sample_rate, max_grad_norm=engine.max_grad_norm, rng=SecureRandom())),
     }
 
     def timed(generator, attached) -> float:
@@ -67,6 +78,15 @@ def run(*, rounds: int, steps: int, canaries: int, sample_rate: float, batch: in
             engine.step(units, generator)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
+        return time.process_time() - start
+
+    members, keystream = int(modes["secure"][1].included.sum()), modes["secure"][1].rng
+
+    def draws(bernoulli) -> float:
+        """The secure members' inclusion draws alone, ``steps`` times."""
+        start = time.process_time()
+        for _ in range(steps):
+            bernoulli(sample_rate, members)
         return time.process_time() - start
 
     def canary_part(generator, attached) -> float:
@@ -81,12 +101,15 @@ def run(*, rounds: int, steps: int, canaries: int, sample_rate: float, batch: in
         timed(generator, None)
         timed(generator, attached)
     seconds = {mode: {"without": [], "with": [], "canaries_alone": []} for mode in modes}
+    secure_draws = {"keystream": [], "urandom": []}
     for r in range(rounds):
         for mode, (generator, attached) in modes.items():
             order = ("without", "with") if r % 2 == 0 else ("with", "without")
             for side in order:
                 seconds[mode][side].append(timed(generator, attached if side == "with" else None))
             seconds[mode]["canaries_alone"].append(canary_part(generator, attached))
+        secure_draws["keystream"].append(draws(keystream.bernoulli))
+        secure_draws["urandom"].append(draws(urandom_bernoulli))
         print(f"round {r + 1}/{rounds}: " + ", ".join(
             f"{mode} {s['without'][-1]:.3f} s / {s['with'][-1]:.3f} s" for mode, s in seconds.items()),
               file=sys.stderr, flush=True)
@@ -111,6 +134,7 @@ def run(*, rounds: int, steps: int, canaries: int, sample_rate: float, batch: in
         "seconds": seconds,
         "with_over_without": ratios,
         "canaries_alone_over_without": shares,
+        "secure_draws_ms": {k: 1000 * statistics.median(v) / steps for k, v in secure_draws.items()},
         "goal": "<= 1.05",
         "platform": platform.platform(),
         "torch": torch.__version__,
@@ -131,6 +155,9 @@ def table(result: dict) -> str:
                      f"{r['max']:.3f} (a step without: {step:.3f} s; goal {result['goal']})")
         lines.append(f"  {'':12s} the canaries' work alone: {1000 * alone:.1f} ms a step, {share['median']:.3f} of a "
                      f"step without (rounds {share['min']:.3f}-{share['max']:.3f})")
+    d = result["secure_draws_ms"]
+    lines.append(f"  secure members' inclusion draws: {d['keystream']:.2f} ms a step from the keystream, "
+                 f"{d['urandom']:.2f} ms from os.urandom for every draw")
     return "\n".join(lines)
 
 

@@ -32,8 +32,8 @@ Random draws: in reproducible mode from streams of their own, children of the ru
 (:meth:`~dpaudit.train.sampling.RunSeeds.canary_generator` for membership and inclusions,
 :meth:`~dpaudit.train.sampling.RunSeeds.canary_noise_generator` for the noise), so that the
 run's other streams, and its model weights, are the same with and without canaries; in
-secure mode membership and inclusions from the OS (:class:`~dpaudit.train.sampling.OSRandom`)
-and the noise from the step's secure generator. A model trained with canaries is an audit
+secure mode membership and inclusions from a keystream keyed by the OS
+(:class:`~dpaudit.train.sampling.SecureRandom`) and the noise from the step's secure generator. A model trained with canaries is an audit
 model (:data:`dpaudit.train.plan.GRADIENT_CANARY_WARNING`).
 
 The result is a :class:`~dpaudit.audit.gradient_canaries.GradientCanaryRecord`; check it with
@@ -49,7 +49,7 @@ import torch
 
 from dpaudit.audit.gradient_canaries import GradientCanaryRecord, inclusion_check
 from dpaudit.errors import InputError
-from dpaudit.train.sampling import OSRandom
+from dpaudit.train.sampling import SecureRandom
 
 __all__ = ["GradientCanaries", "GradientCanaryRecord", "inclusion_check"]
 
@@ -60,11 +60,11 @@ class GradientCanaries:
     Each step calls :meth:`block` (draws which members are in this step, returns the block
     ``C * sampled``) and then :meth:`observe` with the block as the mechanism released it
     (after the noise); :meth:`result` gives the record. ``rng``: a ``numpy.random.Generator``
-    (reproducible mode) or :class:`~dpaudit.train.sampling.OSRandom` (secure mode);
+    (reproducible mode) or :class:`~dpaudit.train.sampling.SecureRandom` (secure mode);
     ``noise_generator``: see :meth:`noise_source`."""
 
     def __init__(self, *, num_canaries: int, sample_rate: float, max_grad_norm: float,
-                 rng: np.random.Generator | OSRandom, noise_generator: torch.Generator | None = None):
+                 rng: np.random.Generator | SecureRandom, noise_generator: torch.Generator | None = None):
         if isinstance(num_canaries, bool) or not isinstance(num_canaries, int | np.integer) or num_canaries < 1:
             raise InputError(f"the number of gradient canaries must be a positive integer, got {num_canaries!r}")
         if not 0 < sample_rate <= 1:
@@ -96,9 +96,9 @@ class GradientCanaries:
     def draw_sampled(self) -> np.ndarray:
         """Which members are in this step: bool[number of members], each independently with
         probability q: a seeded uniform below q, as :class:`~dpaudit.train.sampling.PoissonSampler`
-        draws a unit, or in secure mode :meth:`~dpaudit.train.sampling.OSRandom.bernoulli` (32
-        bits of the OS a draw: probability q rounded down to a multiple of 2^-32, never above q)."""
-        if isinstance(self.rng, OSRandom):
+        draws a unit, or in secure mode :meth:`~dpaudit.train.sampling.SecureRandom.bernoulli` (32
+        random bits a draw: probability q rounded down to a multiple of 2^-32, never above q)."""
+        if isinstance(self.rng, SecureRandom):
             return self.rng.bernoulli(self.sample_rate, self._members.size)
         return self.rng.random(self._members.size) < self.sample_rate
 

@@ -42,9 +42,10 @@ What it reports (when the caller passes a :class:`~dpaudit.train.record.Training
 - ``checkpoint(step, model, tokenizer)`` is called every ``checkpoint_every`` steps.
 
 Noise nobody can replay. DP training is in secure mode by default (``train.dp.reproducible:
-false``, Opacus calls it ``secure_mode``): the Poisson batches are drawn from the operating
-system's CSPRNG (:class:`~dpaudit.train.sampling.OSRandom`), and the Gaussian noise of the
-DP-SGD engine from ChaCha20 keyed once from it (:class:`~dpaudit.train.sampling.SecureGenerator`,
+false``, Opacus calls it ``secure_mode``): the Poisson batches are drawn from a ChaCha20
+keystream under a key from the operating system's CSPRNG
+(:class:`~dpaudit.train.sampling.SecureRandom`), and the Gaussian noise of the DP-SGD engine from
+ChaCha20 under a key of its own (:class:`~dpaudit.train.sampling.SecureGenerator`,
 :mod:`dpaudit.train.chacha`); nothing is recorded, so the files of a run do not let anyone
 regenerate its noise. Engines that call ``torch.randn``
 with the generator themselves get torch's generator re-seeded from the OS at every step
@@ -90,7 +91,7 @@ from dpaudit.train.plan import (
     sample_rate,
 )
 from dpaudit.train.record import TrainingRecord
-from dpaudit.train.sampling import OSRandom, PoissonSampler, RunSeeds, SecureGenerator, ShuffleSampler
+from dpaudit.train.sampling import PoissonSampler, RunSeeds, SecureGenerator, SecureRandom, ShuffleSampler
 from dpaudit.train.units import TrainingData, load_data, prepare_sequences
 
 
@@ -234,15 +235,15 @@ class _Loop:
         before = checks.snapshot(params)
         optimizer = make_optimizer(list(params.values()), train)
         scheduler = make_scheduler(optimizer, train, self.steps)
-        # secure mode: batches from the OS CSPRNG, noise re-seeded from it every step; nothing recorded
+        # secure mode: batches and noise from keystreams keyed by the OS CSPRNG; nothing recorded
         secure = self.noise == "secure"
-        sampler = self._sampler(OSRandom() if secure else self.seeds.numpy_generator())
+        sampler = self._sampler(SecureRandom() if secure else self.seeds.numpy_generator())
         noise_generator = SecureGenerator(self.device) if secure else self.seeds.noise_generator(self.device)
         canaries = None
         if self.plan is not None and self.train.dp.gradient_canaries:
             canaries = GradientCanaries(
                 num_canaries=self.train.dp.gradient_canaries, sample_rate=self.plan.sample_rate,
-                max_grad_norm=self.plan.max_grad_norm, rng=OSRandom() if secure else self.seeds.canary_generator(),
+                max_grad_norm=self.plan.max_grad_norm, rng=SecureRandom() if secure else self.seeds.canary_generator(),
                 noise_generator=None if secure else self.seeds.canary_noise_generator(self.device))
             engine.attach_canaries(canaries)
         if engine.private and self.record is not None:
@@ -321,7 +322,7 @@ class _Loop:
             # a DP trainer claims Poisson sampling, whatever it does: the batch sizes must tell
             sampler="poisson" if self.spec.private else self.spec.sampler,
         )
-        # secure mode: the noise and the batches came from the OS, not from these seeds
+        # secure mode: the noise and the batches came from keys drawn from the OS, not from these seeds
         summary["seeds"] = {**self.seeds.to_dict(), "noise": None} if secure else self.seeds.to_dict()
         summary["noise"] = self.noise
         self.record.checks = summary

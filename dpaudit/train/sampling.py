@@ -7,8 +7,8 @@ usual non-private scheme: epochs of random permutations cut into batches of exac
 units (the permutations run on across epoch boundaries, so no batch is short).
 
 Both draw from a seeded ``numpy.random.Generator`` (reproducible mode) or from
-:class:`OSRandom`, the operating system's CSPRNG (secure mode, the default of DP-SGD), and
-never touch global RNG state.
+:class:`SecureRandom`, a ChaCha20 keystream keyed from the operating system's CSPRNG (secure
+mode, the default of DP-SGD), and never touch global RNG state.
 """
 
 from __future__ import annotations
@@ -79,15 +79,39 @@ class RunSeeds:
         return {"seed": self.seed, "model": self.model, "noise": self.noise, "torch": self.torch}
 
 
-class OSRandom:
-    """Uniform draws straight from the operating system's cryptographically secure generator
-    (``os.urandom``): nothing is seeded, so nothing recorded can replay the draws. It offers
-    the two ``numpy.random.Generator`` methods the samplers use. Secure mode of DP-SGD
-    samples its Poisson batches from it (as Opacus' ``secure_mode`` does with torchcsprng)."""
+class SecureRandom:
+    """Uniform draws from a cryptographically secure generator: the ChaCha20 keystream (RFC
+    8439) under a 256-bit key drawn from ``os.urandom`` when the object is made, and afresh
+    every 2^32 blocks (256 GiB), computed by OpenSSL (:class:`~dpaudit.train.chacha.OpenSSLStream`;
+    ``os.urandom`` itself where the ``cryptography`` package has no ChaCha20). Nothing is
+    seeded, so nothing recorded can replay the draws; the key stays in the object, which cannot
+    be pickled. It offers the ``numpy.random.Generator`` methods the samplers use. Secure mode
+    of DP-SGD samples its Poisson batches from it (as Opacus' ``secure_mode`` does from
+    torchcsprng's ChaCha20), and the gradient canaries their inclusions: a keystream in user space
+    gives half a million 32-bit words in a tenth of the time of a system call for every draw
+    (docs/security.md)."""
+
+    def __init__(self):
+        self.__stream: chacha.OpenSSLStream | None = None
+
+    def __reduce__(self):
+        raise TypeError("a SecureRandom holds its key and cannot be pickled or copied")
+
+    def __repr__(self) -> str:
+        return "SecureRandom()"
+
+    def _bytes(self, size: int) -> np.ndarray:
+        """``size`` random bytes, uint8, valid until the next draw."""
+        if not _OPENSSL:
+            return np.frombuffer(os.urandom(size), dtype=np.uint8)
+        blocks = -(-size // (4 * chacha.WORDS_PER_BLOCK))
+        if self.__stream is None or self.__stream.block + blocks > chacha.MAX_BLOCKS:
+            self.__stream = chacha.OpenSSLStream(os.urandom(32), (0, 0, 0))
+        return self.__stream.read(blocks).numpy().view(np.uint8)[:size]
 
     def random(self, size: int) -> np.ndarray:
         """``size`` floats uniform on [0, 1), each from 53 random bits."""
-        raw = np.frombuffer(os.urandom(8 * int(size)), dtype=np.uint64)
+        raw = self._bytes(8 * int(size)).view(np.uint64)
         return (raw >> np.uint64(11)).astype(np.float64) * 2.0**-53
 
     def permutation(self, n: int) -> np.ndarray:
@@ -96,11 +120,11 @@ class OSRandom:
 
     def bernoulli(self, p: float, size: int) -> np.ndarray:
         """``size`` independent booleans, each True with probability floor(p 2^32) / 2^32 (at
-        most p, and less by under 2^-32): a 32-bit word of the OS below floor(p 2^32). Half the
+        most p, and less by under 2^-32): a random 32-bit word below floor(p 2^32). Half the
         bytes of ``random(size) < p``, for draws as many as the gradient canaries' every step."""
         if p >= 1:
             return np.ones(int(size), dtype=bool)
-        words = np.frombuffer(os.urandom(4 * int(size)), dtype=np.uint32)
+        words = self._bytes(4 * int(size)).view(np.uint32)
         return words < np.uint32(math.floor(p * 2.0**32))
 
 
@@ -233,7 +257,7 @@ class PoissonSampler:
 
     kind = "poisson"
 
-    def __init__(self, *, num_units: int, sample_rate: float, generator: np.random.Generator | OSRandom):
+    def __init__(self, *, num_units: int, sample_rate: float, generator: np.random.Generator | SecureRandom):
         if num_units < 1:
             raise InputError("cannot sample from an empty set of units")
         if not 0 < sample_rate <= 1:
@@ -252,7 +276,7 @@ class ShuffleSampler:
 
     kind = "shuffle"
 
-    def __init__(self, *, num_units: int, batch_size: int, generator: np.random.Generator | OSRandom):
+    def __init__(self, *, num_units: int, batch_size: int, generator: np.random.Generator | SecureRandom):
         if num_units < 1:
             raise InputError("cannot sample from an empty set of units")
         if batch_size < 1:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import json
 import math
+import pickle
 import struct
 
 import numpy as np
@@ -23,23 +24,50 @@ from dpaudit.errors import InputError
 from dpaudit.train import dpsgd, nonprivate
 from dpaudit.train.engine import DPSGDEngine
 from dpaudit.train.plan import RELEASE_WARNING
-from dpaudit.train.sampling import OSRandom, PoissonSampler, RunSeeds, SecureGenerator, os_seed
+from dpaudit.train import chacha, sampling
+from dpaudit.train.sampling import PoissonSampler, RunSeeds, SecureGenerator, SecureRandom, os_seed
 
 MODES = ["secure", "reproducible"]
 
 
 def sampler_source(mode: str):
-    return OSRandom() if mode == "secure" else RunSeeds.from_seed(3).numpy_generator()
+    return SecureRandom() if mode == "secure" else RunSeeds.from_seed(3).numpy_generator()
 
 
-def test_os_random_is_uniform_and_unseeded():
-    draws = OSRandom().random(200_000)
+@pytest.mark.parametrize("openssl", [True, False])
+def test_secure_random_is_uniform_and_unseeded(openssl, monkeypatch):
+    monkeypatch.setattr(sampling, "_OPENSSL", openssl and sampling._OPENSSL)  # False: os.urandom itself
+    draws = SecureRandom().random(200_000)
     assert draws.min() >= 0.0 and draws.max() < 1.0
     assert stats.kstest(draws, "uniform").pvalue > 1e-6
-    assert not np.array_equal(OSRandom().random(8), OSRandom().random(8))  # 2^-424 to collide
-    perm = OSRandom().permutation(50)
+    assert not np.array_equal(SecureRandom().random(8), SecureRandom().random(8))  # 2^-424 to collide
+    perm = SecureRandom().permutation(50)
     assert sorted(perm.tolist()) == list(range(50))
+    n, q = 400_000, 0.05
+    hits = SecureRandom().bernoulli(q, n)
+    assert hits.shape == (n,) and abs(hits.mean() - q) < 6 * math.sqrt(q * (1 - q) / n)
+    assert SecureRandom().bernoulli(1.0, 3).all() and not SecureRandom().bernoulli(2.0**-40, 1000).any()
     assert os_seed() != os_seed() and 0 <= os_seed() < 2**63
+
+
+def test_secure_random_is_the_chacha20_keystream_of_a_key_from_the_os(monkeypatch):
+    """Its bytes are ChaCha20's keystream (RFC 8439, counted from block 0 of nonce 0) under
+    32 bytes of ``os.urandom``; a new key is drawn before the 32-bit block counter would
+    wrap; the key cannot be pickled out of it."""
+    if not sampling._OPENSSL:
+        pytest.skip("no ChaCha20 in this cryptography package")
+    keys = iter([bytes(range(32)), bytes(range(1, 33))])
+    monkeypatch.setattr(sampling.os, "urandom", lambda n: next(keys) if n == 32 else pytest.fail("not a key"))
+    monkeypatch.setattr(chacha, "MAX_BLOCKS", 3)  # the counter's end, three blocks on
+    source = SecureRandom()
+    first = source._bytes(128).copy()  # blocks 0 and 1 of the first key
+    expect = chacha.TorchStream(chacha.key_tensor(bytes(range(32))), (0, 0, 0)).read(3).numpy().view(np.uint8)
+    assert np.array_equal(first, expect[:128])
+    words = source.bernoulli(0.5, 32)  # two more blocks would pass the counter's end: a new key
+    fresh = chacha.TorchStream(chacha.key_tensor(bytes(range(1, 33))), (0, 0, 0)).read(2).numpy().view(np.uint32)
+    assert np.array_equal(words, fresh < np.uint32(2**31))
+    with pytest.raises(TypeError, match="cannot be pickled"):
+        pickle.dumps(source)
 
 
 @pytest.mark.parametrize("mode", MODES)
