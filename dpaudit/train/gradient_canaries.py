@@ -33,8 +33,8 @@ Random draws: in reproducible mode from streams of their own, children of the ru
 :meth:`~dpaudit.train.sampling.RunSeeds.canary_noise_generator` for the noise), so that the
 run's other streams, and its model weights, are the same with and without canaries; in
 secure mode membership and inclusions from a keystream keyed by the OS
-(:class:`~dpaudit.train.sampling.SecureRandom`) and the noise from the step's secure generator. A model trained with canaries is an audit
-model (:data:`dpaudit.train.plan.GRADIENT_CANARY_WARNING`).
+(:class:`~dpaudit.train.sampling.SecureRandom`) and the noise from the step's secure generator.
+A model trained with canaries is an audit model (:data:`dpaudit.train.plan.GRADIENT_CANARY_WARNING`).
 
 The result is a :class:`~dpaudit.audit.gradient_canaries.GradientCanaryRecord`; check it with
 :func:`~dpaudit.audit.gradient_canaries.inclusion_check` before any bound.

@@ -21,10 +21,9 @@ from recorded import train_recorded
 
 from dpaudit.config import load_config
 from dpaudit.errors import InputError
-from dpaudit.train import dpsgd, nonprivate
+from dpaudit.train import chacha, dpsgd, nonprivate, sampling
 from dpaudit.train.engine import DPSGDEngine
 from dpaudit.train.plan import RELEASE_WARNING
-from dpaudit.train import chacha, sampling
 from dpaudit.train.sampling import PoissonSampler, RunSeeds, SecureGenerator, SecureRandom, os_seed
 
 MODES = ["secure", "reproducible"]
