@@ -110,10 +110,8 @@ LEVERS = {
     "pairs_zero_body_lr2.5e-3": {"set": "new_token_pairs", "distinct": True, "zero_body": True, "lr": 2.5e-3},
     "pairs_zero_body_scale4": {"set": "new_token_pairs", "distinct": True, "zero_body": True, "row_scale": 4.0},
     "pairs_zero_body_scale16": {"set": "new_token_pairs", "distinct": True, "zero_body": True, "row_scale": 16.0},
-    "pairs_zero_body_q0.2_T20": {"set": "new_token_pairs", "distinct": True, "zero_body": True, "batch_scale": 2,
-                                 "steps": 20},
-    "pairs_zero_body_q0.4_T10": {"set": "new_token_pairs", "distinct": True, "zero_body": True, "batch_scale": 4,
-                                 "steps": 10},
+    "pairs_zero_body_q0.2_T20": {"set": "new_token_pairs", "distinct": True, "zero_body": True, "q": 0.2, "steps": 20},
+    "pairs_zero_body_q0.4_T10": {"set": "new_token_pairs", "distinct": True, "zero_body": True, "q": 0.4, "steps": 10},
     "shared_first": {"set": "new_token_pairs", "distinct": True, "zero_body": True, "shared_first": True},
     "shared_first2000": {"set": "new_token_pairs", "distinct": True, "zero_body": True, "shared_first": True,
                          "num": 2000},
@@ -344,9 +342,9 @@ def measure(rundir, *, lever: dict, num: int, epsilon: float, seed: int, work: P
                                  max_length=config.data.max_length)
         # the same sampling rate as with every member: fewer units, a proportionally smaller batch
         batch = max(1, round(base_cfg.train.batch_size * (len(rows) + ins) / (num_members + ins)))
-        batch *= lever.get("batch_scale", 1)  # a larger sampling rate q
-        if "q" in lever:
-            batch = max(1, int(lever["q"] * (len(set(rows["unit_id"])) + ins)))  # protected units: patients, canaries
+        if "q" in lever:  # protected units: the members' patients or examples, and the canaries
+            units = len(set(rows["unit_id"])) if dp.unit == "user" else len(rows)
+            batch = max(1, int(lever["q"] * (units + ins)))
         cfg = dataclasses.replace(base_cfg, model=dataclasses.replace(base_cfg.model, base_model=str(base_dir),
                                                                       trainable=lever.get("trainable", "all")),
                                   train=dataclasses.replace(base_cfg.train, lr=lever.get("lr", base_cfg.train.lr),
