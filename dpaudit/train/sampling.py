@@ -81,11 +81,11 @@ class RunSeeds:
 
 class SecureRandom:
     """Uniform draws from a cryptographically secure generator: the ChaCha20 keystream (RFC
-    8439) under a 256-bit key drawn from ``os.urandom`` when the object is made, and afresh
-    every 2^32 blocks (256 GiB), computed by OpenSSL (:class:`~dpaudit.train.chacha.OpenSSLStream`;
-    ``os.urandom`` itself where the ``cryptography`` package has no ChaCha20). Nothing is
-    seeded, so nothing recorded can replay the draws; the key stays in the object, which cannot
-    be pickled. It offers the ``numpy.random.Generator`` methods the samplers use. Secure mode
+    8439) under a 256-bit key drawn from ``os.urandom`` at the first draw, and afresh every 2^32
+    blocks (256 GiB) and in a forked child (which would otherwise repeat its parent's draws),
+    computed by OpenSSL (:class:`~dpaudit.train.chacha.OpenSSLStream`; ``os.urandom`` itself
+    where the ``cryptography`` package has no ChaCha20). Nothing is seeded, so nothing recorded
+    can replay the draws; the key stays in the object, which cannot be pickled. It offers the ``numpy.random.Generator`` methods the samplers use. Secure mode
     of DP-SGD samples its Poisson batches from it (as Opacus' ``secure_mode`` does from
     torchcsprng's ChaCha20), and the gradient canaries their inclusions: a keystream in user space
     gives half a million 32-bit words in a tenth of the time of a system call for every draw
@@ -93,6 +93,7 @@ class SecureRandom:
 
     def __init__(self):
         self.__stream: chacha.OpenSSLStream | None = None
+        self.__pid = 0  # the process that drew the stream's key
 
     def __reduce__(self):
         raise TypeError("a SecureRandom holds its key and cannot be pickled or copied")
@@ -105,8 +106,8 @@ class SecureRandom:
         if not _OPENSSL:
             return np.frombuffer(os.urandom(size), dtype=np.uint8)
         blocks = -(-size // (4 * chacha.WORDS_PER_BLOCK))
-        if self.__stream is None or self.__stream.block + blocks > chacha.MAX_BLOCKS:
-            self.__stream = chacha.OpenSSLStream(os.urandom(32), (0, 0, 0))
+        if self.__stream is None or self.__stream.block + blocks > chacha.MAX_BLOCKS or self.__pid != os.getpid():
+            self.__stream, self.__pid = chacha.OpenSSLStream(os.urandom(32), (0, 0, 0)), os.getpid()
         return self.__stream.read(blocks).numpy().view(np.uint8)[:size]
 
     def random(self, size: int) -> np.ndarray:

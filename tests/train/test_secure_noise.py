@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import json
 import math
+import os
 import pickle
 import struct
 
@@ -67,6 +68,25 @@ def test_secure_random_is_the_chacha20_keystream_of_a_key_from_the_os(monkeypatc
     assert np.array_equal(words, fresh < np.uint32(2**31))
     with pytest.raises(TypeError, match="cannot be pickled"):
         pickle.dumps(source)
+
+
+def test_secure_random_draws_anew_in_a_forked_child():
+    """A child forked after a draw would hold its parent's keystream state and repeat its
+    parent's next draws; it draws a key of its own instead."""
+    source = SecureRandom()
+    source.random(4)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its next 16 bytes to the parent, then out
+        try:
+            os.write(write, source._bytes(16).tobytes())
+        finally:
+            os._exit(0)
+    os.close(write)
+    child = os.read(read, 16)
+    os.waitpid(pid, 0)
+    os.close(read)
+    assert len(child) == 16 and child != source._bytes(16).tobytes()
 
 
 @pytest.mark.parametrize("mode", MODES)
