@@ -141,7 +141,8 @@ class SecureGenerator(torch.Generator):
     next step and every draw (:meth:`standard_normal`, :meth:`add_noise_`: one per parameter
     tensor) takes the next index, both only ever counting up, so no (key, nonce, counter) is used
     twice in a run; a draw of more than 2^32 blocks (68 billion normals), a step of more than 2^32
-    draws, or 2^64 steps is refused rather than wrapped.
+    draws, or 2^64 steps is refused rather than wrapped. A forked child draws a key of its own
+    at its first draw (with its parent's key it would repeat its parent's noise).
 
     It is still a ``torch.Generator``: code that passes it to ``torch.randn`` (engines that draw
     their own noise, Opacus) gets torch's generator, which :meth:`next_step` re-seeds with
@@ -153,6 +154,7 @@ class SecureGenerator(torch.Generator):
     def __init__(self, device: torch.device | str = "cpu"):
         self.__key = os.urandom(32)
         self.__key_on: dict[torch.device, torch.Tensor] = {}
+        self.__pid = os.getpid()  # the process that drew the key
         self.step = 0
         self.draws = 0  # draws so far in this step
         self.manual_seed(os_seed())
@@ -226,6 +228,8 @@ class SecureGenerator(torch.Generator):
     def _stream(self, nonce: tuple[int, int, int], device: torch.device, compiled: bool):
         """The draw's keystream: from OpenSSL on the CPU (and for small draws elsewhere, copied
         over), from torch operations where the tensors are otherwise."""
+        if self.__pid != os.getpid():  # a forked child
+            self.__key, self.__key_on, self.__pid = os.urandom(32), {}, os.getpid()
         if _OPENSSL and (device.type == "cpu" or not compiled):
             return chacha.OpenSSLStream(self.__key, nonce)
         if device not in self.__key_on:

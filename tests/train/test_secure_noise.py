@@ -70,23 +70,34 @@ def test_secure_random_is_the_chacha20_keystream_of_a_key_from_the_os(monkeypatc
         pickle.dumps(source)
 
 
-def test_secure_random_draws_anew_in_a_forked_child():
-    """A child forked after a draw would hold its parent's keystream state and repeat its
-    parent's next draws; it draws a key of its own instead."""
-    source = SecureRandom()
-    source.random(4)
+def in_forked_child(draw) -> bytes:
+    """What ``draw()`` returns (bytes) in a child forked now."""
     read, write = os.pipe()
     pid = os.fork()
-    if pid == 0:  # the child: its next 16 bytes to the parent, then out
+    if pid == 0:
         try:
-            os.write(write, source._bytes(16).tobytes())
+            os.write(write, draw())
         finally:
             os._exit(0)
     os.close(write)
-    child = os.read(read, 16)
+    out = os.read(read, 1 << 16)
     os.waitpid(pid, 0)
     os.close(read)
+    return out
+
+
+def test_secure_sources_draw_anew_in_a_forked_child():
+    """A child forked after a draw holds its parent's key and counters, and would repeat its
+    parent's next draws (the same batches, the same noise); each source draws a key of its own
+    there instead."""
+    source = SecureRandom()
+    source.random(4)
+    child = in_forked_child(lambda: source._bytes(16).tobytes())
     assert len(child) == 16 and child != source._bytes(16).tobytes()
+    noise = SecureGenerator()
+    noise.standard_normal((4,))
+    child = in_forked_child(lambda: noise.standard_normal((8,)).numpy().tobytes())
+    assert len(child) == 32 and child != noise.standard_normal((8,)).numpy().tobytes()
 
 
 @pytest.mark.parametrize("mode", MODES)
