@@ -49,7 +49,7 @@ import torch
 
 from dpaudit.audit.gradient_canaries import GradientCanaryRecord, inclusion_check
 from dpaudit.errors import InputError
-from dpaudit.train.sampling import SecureRandom
+from dpaudit.train.sampling import SecureRandom, bernoulli
 
 __all__ = ["GradientCanaries", "GradientCanaryRecord", "inclusion_check"]
 
@@ -76,7 +76,7 @@ class GradientCanaries:
         self.max_grad_norm = float(max_grad_norm)
         self.rng = rng
         self.noise_generator = noise_generator
-        self.included = rng.random(self.num_canaries) < 0.5  # the one-run design: each in with probability 1/2
+        self.included = bernoulli(rng, 0.5, self.num_canaries)  # the one-run design: each in with probability 1/2
         self._members = np.flatnonzero(self.included)
         self._member_counts = np.zeros(self._members.size, dtype=np.int64)
         self._scores = np.zeros(self.num_canaries, dtype=np.float64)
@@ -95,12 +95,9 @@ class GradientCanaries:
 
     def draw_sampled(self) -> np.ndarray:
         """Which members are in this step: bool[number of members], each independently with
-        probability q: a seeded uniform below q, as :class:`~dpaudit.train.sampling.PoissonSampler`
-        draws a unit, or in secure mode :meth:`~dpaudit.train.sampling.SecureRandom.bernoulli` (32
-        random bits a draw: probability q rounded down to a multiple of 2^-32, never above q)."""
-        if isinstance(self.rng, SecureRandom):
-            return self.rng.bernoulli(self.sample_rate, self._members.size)
-        return self.rng.random(self._members.size) < self.sample_rate
+        probability q, drawn as :class:`~dpaudit.train.sampling.PoissonSampler` draws a unit
+        (:func:`~dpaudit.train.sampling.bernoulli`)."""
+        return bernoulli(self.rng, self.sample_rate, self._members.size)
 
     def block(self, *, device: torch.device | str = "cpu") -> torch.Tensor:
         """This step's canary block: float32[M] on ``device``, C at the sampled members'

@@ -122,7 +122,8 @@ class SecureRandom:
     def bernoulli(self, p: float, size: int) -> np.ndarray:
         """``size`` independent booleans, each True with probability floor(p 2^32) / 2^32 (at
         most p, and less by under 2^-32): a random 32-bit word below floor(p 2^32). Half the
-        bytes of ``random(size) < p``, for draws as many as the gradient canaries' every step."""
+        bytes of ``random(size) < p``: the draws of secure mode's Poisson sampling and gradient
+        canaries (:func:`bernoulli`)."""
         if p >= 1:
             return np.ones(int(size), dtype=bool)
         words = self._bytes(4 * int(size)).view(np.uint32)
@@ -272,7 +273,17 @@ class PoissonSampler:
         self.generator = generator
 
     def sample(self) -> np.ndarray:
-        return np.flatnonzero(self.generator.random(self.num_units) < self.sample_rate)
+        return np.flatnonzero(bernoulli(self.generator, self.sample_rate, self.num_units))
+
+
+def bernoulli(generator: np.random.Generator | SecureRandom, p: float, size: int) -> np.ndarray:
+    """``size`` independent draws, each True with probability ``p``: a seeded uniform below p
+    (reproducible mode), or :meth:`SecureRandom.bernoulli` (secure mode: half the random bytes,
+    p rounded down to a multiple of 2^-32, never above it). The draws of Poisson sampling, of
+    protected units and of gradient canaries alike."""
+    if isinstance(generator, SecureRandom):
+        return generator.bernoulli(p, size)
+    return generator.random(size) < p
 
 
 class ShuffleSampler:

@@ -100,6 +100,14 @@ def test_secure_sources_draw_anew_in_a_forked_child():
     assert len(child) == 32 and child != noise.standard_normal((8,)).numpy().tobytes()
 
 
+def test_bernoulli_draws_a_seeded_uniform_below_p_or_a_secure_word():
+    """Reproducible mode's draws are those of the seeded generator's uniforms, to the bit (runs
+    repeat); secure mode's come from SecureRandom.bernoulli, never above p."""
+    assert np.array_equal(sampling.bernoulli(np.random.default_rng(7), 0.3, 1000),
+                          np.random.default_rng(7).random(1000) < 0.3)
+    assert not sampling.bernoulli(SecureRandom(), 2.0**-40, 10_000).any()
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_poisson_batch_sizes_are_binomial_in_both_modes(mode):
     n, q, steps = 200, 0.05, 4000
