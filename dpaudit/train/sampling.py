@@ -85,11 +85,12 @@ class SecureRandom:
     blocks (256 GiB) and in a forked child (which would otherwise repeat its parent's draws),
     computed by OpenSSL (:class:`~dpaudit.train.chacha.OpenSSLStream`; ``os.urandom`` itself
     where the ``cryptography`` package has no ChaCha20). Nothing is seeded, so nothing recorded
-    can replay the draws; the key stays in the object, which cannot be pickled. It offers the ``numpy.random.Generator`` methods the samplers use. Secure mode
-    of DP-SGD samples its Poisson batches from it (as Opacus' ``secure_mode`` does from
-    torchcsprng's ChaCha20), and the gradient canaries their inclusions: a keystream in user space
-    gives half a million 32-bit words in a tenth of the time of a system call for every draw
-    (docs/security.md)."""
+    can replay the draws; the key stays in the object, which cannot be pickled. It offers
+    ``random`` and ``permutation`` as a ``numpy.random.Generator`` does, and :meth:`bernoulli`.
+    Secure mode of DP-SGD draws its Poisson batches from it (as Opacus' ``secure_mode`` does from
+    torchcsprng's ChaCha20), and the gradient canaries their membership and inclusions: a
+    keystream in user space gives half a million 32-bit words in a tenth of the time of a system
+    call for every draw (docs/security.md)."""
 
     def __init__(self):
         self.__stream: chacha.OpenSSLStream | None = None
