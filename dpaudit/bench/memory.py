@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from dpaudit.allocator import SETTINGS
 from dpaudit.bench.engines import engine_factories, make_engine
 from dpaudit.bench.workload import build_model, random_units
 
@@ -25,7 +26,9 @@ def peak_step_memory(name: str, *, size: str, batch: int, device: torch.device) 
     if not Path("/proc/self/clear_refs").exists():
         raise OSError("peak memory on CPU needs Linux /proc")
     # a fresh process per engine, with a fixed mmap threshold so freed tensors leave the resident set
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "OMP_NUM_THREADS": str(torch.get_num_threads())}
+    # (and glibc's trim threshold as it would be, not the command line's, dpaudit.allocator)
+    env = {**{k: v for k, v in os.environ.items() if k not in SETTINGS},
+           "MALLOC_MMAP_THRESHOLD_": "65536", "OMP_NUM_THREADS": str(torch.get_num_threads())}
     code = (f"import json, torch; torch.set_num_threads({torch.get_num_threads()}); from dpaudit.bench.memory import "
             f"memory_worker; print(json.dumps(memory_worker({name!r}, size={size!r}, batch={batch}, "
             f"device=torch.device('cpu'))))")

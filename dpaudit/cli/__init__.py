@@ -16,6 +16,7 @@ import logging
 import os
 import sys
 
+from dpaudit.allocator import keep_freed_memory
 from dpaudit.cli.parser import build_parser
 from dpaudit.errors import ExitCode, InputError
 
@@ -37,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     if sys.stderr.isatty():  # the bars show progress there; its log lines go to run.log only
         logging.getLogger().handlers[0].addFilter(lambda record: record.name != "dpaudit.progress")
     logging.captureWarnings(True)
+    keep_freed_memory()  # the command owns its process: freed tensors stay for the next step
     if args.command != "accountant":
         from dpaudit.progress import quiet_libraries
 
