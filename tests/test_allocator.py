@@ -49,6 +49,19 @@ def test_a_users_own_setting_wins():
     assert run(CHILD_SEES, GLIBC_TUNABLES="glibc.malloc.trim_threshold=123456")["done"] == {}
 
 
+def test_the_command_sets_them_and_a_call_of_main_does_not():
+    command = """
+        import json, os, sys
+        from dpaudit.cli import main
+        sys.argv = ["dpaudit", "accountant", "--noise-multiplier", "1", "--sample-rate", "0.01", "--steps", "10",
+                    "--delta", "1e-5", "--json"]
+        main({argv})
+        print(json.dumps({{k: v for k, v in os.environ.items() if k.startswith("MALLOC_")}}))
+    """
+    assert run(command.format(argv="")) == {k: str(v) for k, (_, v) in SETTINGS.items()}
+    assert run(command.format(argv="sys.argv[1:]")) == {}
+
+
 FAULTS = """
     import json, resource
     import torch

@@ -38,7 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     if sys.stderr.isatty():  # the bars show progress there; its log lines go to run.log only
         logging.getLogger().handlers[0].addFilter(lambda record: record.name != "dpaudit.progress")
     logging.captureWarnings(True)
-    keep_freed_memory()  # the command owns its process: freed tensors stay for the next step
+    if argv is None:  # the command itself owns its process: freed tensors stay for the next step
+        keep_freed_memory()
     if args.command != "accountant":
         from dpaudit.progress import quiet_libraries
 
