@@ -7,7 +7,7 @@ both thresholds start low (128 KiB and 256 KiB) and follow the largest block fre
 (``mallopt(3)``). Memory given back returns at the next step as new pages, each zeroed by the
 kernel at its first touch: a minor page fault per 4 KiB. The demo's ``dpaudit run`` took 52.7
 million of them, 102 s of system time out of 801 s of CPU time (``/usr/bin/time -v``, this
-project's 2-core machine, 2026-12-05); with the settings below, 9.8 million and 37 s.
+project's 2-core machine, 2026-12-05); with the settings below, 9.8 million and 37-38 s.
 
 :func:`keep_freed_memory` raises the mmap threshold to the largest glibc accepts (32 MiB on a
 64-bit machine) and the trim threshold to 2 GiB, in this process (``mallopt``) and, through
