@@ -17,8 +17,9 @@ arXiv 2210.00038.
 With ``--stages``, the DP step's time by stage, without the profiler: the engine's own methods
 timed by the process's CPU clock, both engines stepped in interleaved rounds. On a machine where
 the profiler's own allocations make the step take page faults it would not take alone (2026-12-05:
-12,000-16,000 a step, the profiled DP step 1.35-1.84 times the non-private one against 1.09-1.10
-unprofiled), this is the breakdown to read.
+12,000-16,000 a step, the profiled DP step 1.35-1.84 times the non-private one against 1.09-1.12
+unprofiled), this is the breakdown to read. It needs the DP engine on ghost clipping (``auto``
+chooses it at 128 tokens).
 
 With ``--floor``, the least an exact per-example clipped step can cost over the non-private
 step on this machine with torch's kernels. It records the factors of every per-example product
@@ -253,11 +254,14 @@ def stages(*, size: str, batch: int, rounds: int, steps: int = 3) -> dict[str, f
             for _, engine in engines.values():
                 if hasattr(engine, "close"):
                     engine.close()
+    missing = [stage for stage in STAGES if stage not in times]
+    if missing:
+        raise SystemExit(f"the DP step did not run {', '.join(missing)}: not on ghost clipping")
     ms = medians(times)
     ms["ratio"] = paired_ratio(times, "dpsgd step", "nonprivate step")
-    # the DP step skips the weight gradients (its parameters are frozen in the backward pass)
-    ms["weight gradients (non-private)"] = ms["non-private forward and backward"] - ms["forward and backward"]
-    ms["added: products over weight gradients"] = ms["per-example products"] - ms["weight gradients (non-private)"]
+    # the DP step skips the weight and bias gradients (its parameters are frozen in the backward pass)
+    ms["weight and bias gradients (non-private)"] = ms["non-private forward and backward"] - ms["forward and backward"]
+    ms["added: products over those"] = ms["per-example products"] - ms["weight and bias gradients (non-private)"]
     ms["added: norms and bias sums"] = (ms["per-example gradients and norms"] - ms["per-example products"]
                                         - ms["LayerNorm closed form"])
     ms["added: clipped sum"] = (ms["micro-batch"] - ms["forward and backward"]

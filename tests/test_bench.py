@@ -187,10 +187,7 @@ def test_bench_json_has_every_key(monkeypatch, capsys):
     torch.set_num_threads(1)
 
 
-def test_dp_step_floor_records_and_times_the_per_example_work():
-    """benchmarks/profile_dp_step.py --floor: it records the DP step's per-example products (one
-    per use of a dense weight: 4 per block and the output layer) and noise, and times each
-    design's work on them."""
+def _profile_script():
     import importlib.util
     from pathlib import Path
 
@@ -198,7 +195,14 @@ def test_dp_step_floor_records_and_times_the_per_example_work():
     spec = importlib.util.spec_from_file_location("profile_dp_step", path)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
-    ms = script.floor(size="tiny", batch=2, rounds=1)
+    return script
+
+
+def test_dp_step_floor_records_and_times_the_per_example_work():
+    """benchmarks/profile_dp_step.py --floor: it records the DP step's per-example products (one
+    per use of a dense weight: 4 per block and the output layer) and noise, and times each
+    design's work on them."""
+    ms = _profile_script().floor(size="tiny", batch=2, rounds=1)
     model = bench.build_model("tiny")
     dense = [m.weight for m in model.modules() if type(m).__name__ == "Conv1D"] + [model.lm_head.weight]
     assert len(dense) == 2 * 4 + 1
@@ -208,3 +212,22 @@ def test_dp_step_floor_records_and_times_the_per_example_work():
     designs = [ms[key] for key in ms if key.startswith("floor, ")]
     assert len(designs) == 4 and ms["floor"] == min(designs) <= ms["floor, materialized"]
     assert ms["floor, ghost norms"] == pytest.approx(1 + (ms["Gram matrices"] + ms["noise"]) / ms["non-private step"])
+
+
+def test_dp_step_stages_time_every_stage_and_restore_the_engines():
+    """benchmarks/profile_dp_step.py --stages: every stage timed, each nested one within the one
+    that calls it, and the engines' methods as they were afterwards."""
+    from dpaudit.train import engine, ghost
+
+    script = _profile_script()
+    before = {(owner, method): vars(getattr(ghost if owner == "GhostClippingEngine" else engine, owner))[method]
+              for owner, method in script.STAGES.values()}
+    ms = script.stages(size="tiny", batch=2, rounds=1, steps=1)
+    assert all(ms[stage] > 0 for stage in script.STAGES)
+    assert ms["micro-batch"] >= ms["forward and backward"] + ms["per-example gradients and norms"]
+    assert ms["per-example gradients and norms"] >= ms["per-example products"] + ms["LayerNorm closed form"]
+    assert ms["dpsgd step"] >= ms["micro-batch"] + ms["noise"]
+    assert ms["nonprivate step"] >= ms["non-private forward and backward"]
+    assert ms["ratio"] == pytest.approx(ms["dpsgd step"] / ms["nonprivate step"])
+    assert all(vars(getattr(ghost if owner == "GhostClippingEngine" else engine, owner))[method] is function
+               for (owner, method), function in before.items())
