@@ -19,8 +19,8 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux") or platform
 
 
 def run(code: str, **env: str) -> dict:
-    """``code`` in a fresh interpreter without the allocator's variables but ``env``; its last line as JSON."""
-    clean = {k: v for k, v in os.environ.items() if k not in SETTINGS and k != "GLIBC_TUNABLES"}
+    """``code`` in a fresh interpreter without glibc's malloc variables but ``env``; its last line as JSON."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
     out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env={**clean, **env}, capture_output=True,
                          text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
