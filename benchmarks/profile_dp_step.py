@@ -54,6 +54,8 @@ from dpaudit.allocator import keep_freed_memory
 from dpaudit.bench import workload
 from dpaudit.bench.engines import engine_factories, make_engine
 from dpaudit.bench.timing import clock, medians, paired_ratio
+from dpaudit.train.engine import DPSGDEngine, NonPrivateEngine
+from dpaudit.train.ghost import GhostClippingEngine
 
 
 def stepper(name: str, *, size: str, batch: int):
@@ -191,28 +193,23 @@ def floor(*, size: str, batch: int, rounds: int) -> dict[str, float]:
 
 # the DP engine's methods timed by --stages (a method's time includes the methods it calls)
 STAGES = {
-    "micro-batch": ("GhostClippingEngine", "_microbatch"),
-    "forward and backward": ("GhostClippingEngine", "_forward_backward"),
-    "per-example gradients and norms": ("GhostClippingEngine", "_norms"),
-    "per-example products": ("GhostClippingEngine", "_materialize"),
-    "LayerNorm closed form": ("GhostClippingEngine", "_generic_rows"),
-    "noise": ("DPSGDEngine", "add_noise"),
-    "non-private forward and backward": ("NonPrivateEngine", "summed_gradients"),
+    "micro-batch": (GhostClippingEngine, "_microbatch"),
+    "forward and backward": (GhostClippingEngine, "_forward_backward"),
+    "per-example gradients and norms": (GhostClippingEngine, "_norms"),
+    "per-example products": (GhostClippingEngine, "_materialize"),
+    "LayerNorm closed form": (GhostClippingEngine, "_generic_rows"),
+    "noise": (DPSGDEngine, "add_noise"),
+    "non-private forward and backward": (NonPrivateEngine, "summed_gradients"),
 }
 
 
 @contextlib.contextmanager
 def _timed_methods(spent: dict[str, float]):
     """Add each :data:`STAGES` method's CPU seconds to ``spent[stage]`` while inside."""
-    from dpaudit.train import engine, ghost
-
-    classes = {"GhostClippingEngine": ghost.GhostClippingEngine, "DPSGDEngine": engine.DPSGDEngine,
-               "NonPrivateEngine": engine.NonPrivateEngine}
     now = clock(torch.device("cpu"))
     saved = []
-    for stage, (owner, method) in STAGES.items():
-        cls = classes[owner]
-        original = cls.__dict__[method]
+    for stage, (cls, method) in STAGES.items():
+        original = vars(cls)[method]
 
         def timed(*args, _original=original, _stage=stage, **kwargs):
             start = now()
