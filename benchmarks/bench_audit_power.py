@@ -136,7 +136,7 @@ def share_ideal(rung: dict, *, share: float, attacks: int, trials: int = 15) -> 
         member = rng.random(rung["num_canaries"]) < 0.5
         s = ideal_scores(rng, member=member, **family, signal=np.full(g["steps"], math.sqrt(share)))
         aucs.append(roc_auc_score(member, s))
-        cs = CanaryScores(in_scores=s[member], out_scores=s[~member], seed=0)
+        cs = CanaryScores.from_labels(scores=s, is_member=member, seed=0)
         bounds.append(rung_bound(cs, methods=("one_run", "claimed_curve"), **family, delta=g["delta"],
                                  significance=rung["significance"] / max(1, attacks)).epsilon)
     return float(np.median(bounds)), float(np.mean(aucs))

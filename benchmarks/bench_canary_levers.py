@@ -416,7 +416,7 @@ def measure(rundir, *, lever: dict, num: int, epsilon: float, seed: int, work: P
            "num_canaries": num, "train_s": round(train_s, 1), "heldout_perplexity": log[-1].get("heldout_perplexity"),
            "cross_talk": talk, "trace": traced, "scores": {}}
     for name, s in scores.items():
-        cs = CanaryScores(in_scores=s[included], out_scores=s[~included], seed=0)
+        cs = CanaryScores.from_labels(scores=s, is_member=included, seed=0)
         out["scores"][name] = {
             "auc": float(cs.auc()),
             "one_run": cs.bound("one_run", delta=record.delta, significance=significance).epsilon,

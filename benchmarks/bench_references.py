@@ -174,7 +174,7 @@ def measure(files: dict, *, target: str, refs: int, out: Path, design: str, prog
     row = {"minutes": minutes, "attacks": {}}
     for name in attacks:
         scores, labels = results[name]["arrays"]["members"]
-        cs = CanaryScores(in_scores=scores[labels], out_scores=scores[~labels], seed=0)
+        cs = CanaryScores.from_labels(scores=scores, is_member=labels, seed=0)
         cell = {"auc": float(cs.auc())}
         for a in FPRS:
             tpr = cs.tpr_at_fpr(a).value

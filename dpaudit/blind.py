@@ -49,7 +49,7 @@ def _auc_with_ci(scores: np.ndarray, labels: np.ndarray, *, seed: int) -> tuple[
 
     with warnings.catch_warnings():  # an AUC far below 0.5 is a finding here (shorter members), not a sign error
         warnings.simplefilter("ignore", UserWarning)
-        cs = CanaryScores(in_scores=scores[labels], out_scores=scores[~labels], seed=seed)
+        cs = CanaryScores.from_labels(scores=scores, is_member=labels, seed=seed)
     ci = cs.bootstrap_ci("auc", num_samples=200, confidence=0.95, seed=seed)
     return float(cs.auc()), [float(ci.low), float(ci.high)]
 

@@ -18,7 +18,10 @@ Two kinds of bound, two kinds of data (the caller knows which one they have):
   :meth:`CanaryScores.epsilon_one_run_fdp` (Mahloujifar et al. 2025) -- treat all
   m = n_in + n_out canaries as inserted into one run, each independently with
   probability 1/2. The guesses are the k+ highest scores ("in") and the k- lowest
-  ("out"); ties are broken by seeded random keys, never by which array a score came from.
+  ("out"). A tie between a member and a non-member is broken by seeded random keys drawn per
+  canary when the canaries' order is known (:meth:`CanaryScores.from_labels`, scores in canary
+  order), and against the guesser otherwise: the two arrays of the constructor say which
+  canary is a member by where its score sits, so no order of theirs may break a tie.
 
 How the threshold or (k+, k-) is chosen is an explicit :mod:`~dpaudit.audit.strategy`
 (default: :class:`~dpaudit.audit.strategy.BonferroniStrategy` over a small grid), applied
@@ -49,6 +52,16 @@ __all__ = ["CanaryScores", "BoundResult", "AuditReport", "METHODS", "DEFAULT_FPR
 #: FPR levels reported by :meth:`CanaryScores.audit`.
 DEFAULT_FPRS: tuple[float, ...] = (0.1, 0.01, 0.001)
 
+# a branch of the seed of its own, so that the keys are not the stream of a caller who drew
+# membership from numpy.random.default_rng(seed)
+_TIE_KEYS = 0x7469_6573  # b"ties"
+
+
+def tie_keys(seed: int, m: int) -> np.ndarray:
+    """The random keys, one per canary in canary order, that break one-run ties for ``seed``."""
+    return np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(_TIE_KEYS,))).random(m)
+
+
 # ---------------------------------------------------------------------------- object
 class CanaryScores:
     """In-canary and out-canary attack scores, with every metric and bound as a method.
@@ -57,7 +70,9 @@ class CanaryScores:
       in_scores: scores of canaries that were in the training set (members).
       out_scores: scores of canaries that were not (non-members).
       seed: seeds the random keys that break ties among equal scores when ranking
-        canaries for one-run guesses (``numpy.random.default_rng(seed)``).
+        canaries for one-run guesses (:func:`tie_keys`), one key per canary in the order
+        :meth:`from_labels` was given; with the two arrays of this
+        constructor a tie is counted against the guesser instead.
 
     Higher score = member. Arrays must be 1-D, finite and non-empty.
     """
@@ -68,12 +83,15 @@ class CanaryScores:
         if isinstance(seed, bool) or not isinstance(seed, int | np.integer):
             raise InputError(f"seed must be an int, got {seed!r}")
         self._seed = int(seed)
+        self._canary_order: tuple[np.ndarray, np.ndarray] | None = None  # (scores, is_member) by canary
         self._roc_cache: _m.RocCurve | None = None
         self._warn_if_reversed()
 
     @classmethod
     def from_labels(cls, *, scores, is_member, seed: int = 0) -> CanaryScores:
-        """Build from one score array and a boolean membership array of the same length."""
+        """Build from one score array and a boolean membership array of the same length, in
+        an order fixed before membership was drawn (the canaries' own): one-run ties are then
+        broken by random keys per canary rather than against the guesser."""
         s = as_scores("scores", scores)
         labels = np.asarray(is_member)
         if labels.shape != s.shape:
@@ -84,7 +102,9 @@ class CanaryScores:
             labels = labels.astype(bool)
         if labels.all() or not labels.any():
             raise InputError("need at least one member and one non-member")
-        return cls(in_scores=s[labels], out_scores=s[~labels], seed=seed)
+        out = cls(in_scores=s[labels], out_scores=s[~labels], seed=seed)
+        out._canary_order = (s, labels)
+        return out
 
     # ------------------------------------------------------------------ properties
     @property
@@ -110,6 +130,20 @@ class CanaryScores:
     @property
     def seed(self) -> int:
         return self._seed
+
+    @property
+    def tie_break_seed(self) -> int | None:
+        """The seed of the keys that break one-run ties; None when ties count against the guesser."""
+        return None if self._canary_order is None else self._seed
+
+    def pooled(self) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """All m scores, whether each is a member, and the random keys that break one-run ties
+        (None when the canaries' order is unknown: ties then count against the guesser)."""
+        if self._canary_order is None:
+            return (np.concatenate([self._in, self._out]),
+                    np.r_[np.ones(self._in.size, bool), np.zeros(self._out.size, bool)], None)
+        scores, member = self._canary_order
+        return scores, member, tie_keys(self._seed, scores.size)
 
     def __repr__(self) -> str:
         return f"CanaryScores(num_members={self.num_members}, num_nonmembers={self.num_nonmembers}, seed={self._seed})"
@@ -244,8 +278,9 @@ class CanaryScores:
         def evaluate(m, r, v, sig):
             return spec.evaluate(num_canaries=m, num_guesses=r, num_correct=v, delta=delta, significance=sig)
 
-        sel = select_guesses(strategy, in_scores=self._in, out_scores=self._out, tie_break_seed=self._seed,
-                             significance=significance, chooser=lambda *a: evaluate(*a)[0], chooser_name="epsilon")
+        scores, member, keys = self.pooled()
+        sel = select_guesses(strategy, scores=scores, member=member, tie_keys=keys, significance=significance,
+                             chooser=lambda *a: evaluate(*a)[0], chooser_name="epsilon")
         ranking, per_test = sel.ranking, sel.significance_per_test
         tried = []
         for kp, km in sel.pairs:
@@ -257,7 +292,7 @@ class CanaryScores:
                    "significance_per_test": per_test}
         if sel.lists_candidates:
             details["candidates"] = tried
-        details["tie_break_seed"] = self._seed
+        details["tie_break_seed"] = self.tie_break_seed
         details.update({k: x for k, x in best.items() if k not in ("k_plus", "k_minus", "num_correct", "epsilon")})
         m, r, v = ranking.m, best["k_plus"] + best["k_minus"], best["num_correct"]
         return BoundResult(

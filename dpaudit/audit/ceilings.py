@@ -189,5 +189,5 @@ def _perfect(num_canaries: int) -> CanaryScores:
     m = _check_count("num_canaries", num_canaries)
     if m < 2:
         raise InputError("num_canaries must be at least 2")
-    n_in = (m + 1) // 2
-    return CanaryScores(in_scores=np.ones(n_in), out_scores=np.zeros(m - n_in), seed=0)
+    member = np.arange(m) < (m + 1) // 2
+    return CanaryScores.from_labels(scores=member.astype(float), is_member=member, seed=0)

@@ -192,7 +192,7 @@ def claimed_curve_bound(
             for i, (a, b, c) in enumerate(counts)
         ],
         "curve": {"accountant": "pld", "pessimistic": True, "value_discretization_interval": CURVE_DISCRETIZATION},
-        "tie_break_seed": scores.seed,
+        "tie_break_seed": scores.tie_break_seed,
     }
     return BoundResult(
         "claimed_curve", float(eps), delta, significance, int(m), int(kp + km), int(v), strategy.describe(),
@@ -203,8 +203,9 @@ def claimed_curve_bound(
 def _candidates(scores: CanaryScores, strategy, significance: float):
     """The strategy's selection on ``scores``, its (k+, k-, correct) candidates, and
     ``rejecting(blow_up_inverse)``: the indices of the candidates that reject a curve."""
-    sel = select_guesses(strategy, in_scores=scores.in_scores, out_scores=scores.out_scores,
-                         tie_break_seed=scores.seed, significance=significance, chooser=_mu_proxy, chooser_name="mu")
+    pooled, member, keys = scores.pooled()
+    sel = select_guesses(strategy, scores=pooled, member=member, tie_keys=keys, significance=significance,
+                         chooser=_mu_proxy, chooser_name="mu")
     m, per_test = sel.ranking.m, sel.significance_per_test
     counts = [(kp, km, sel.ranking.correct(kp, km)) for kp, km in sel.pairs]
 

@@ -99,7 +99,7 @@ class GradientCanaryRecord:
     def canary_scores(self, *, seed: int = 0) -> CanaryScores:
         """The members' and the non-members' scores, for the one-run bounds (higher = member).
         Check :func:`inclusion_check` before reporting a bound from them."""
-        return CanaryScores(in_scores=self.scores[self.included], out_scores=self.scores[~self.included], seed=seed)
+        return CanaryScores.from_labels(scores=self.scores, is_member=self.included, seed=seed)
 
     def __repr__(self) -> str:
         return (f"GradientCanaryRecord(num_canaries={self.num_canaries}, num_members={self.num_members}, "

@@ -196,7 +196,7 @@ def _ideal_draws(*, noise_multiplier: float, sample_rate: float, steps: int, num
         member = rng.random(num_canaries) < 0.5
         s = ideal_scores(rng, member=member, noise_multiplier=noise_multiplier, sample_rate=sample_rate, steps=steps,
                          optimizer=optimizer)
-        out.append(CanaryScores(in_scores=s[member], out_scores=s[~member], seed=0))
+        out.append(CanaryScores.from_labels(scores=s, is_member=member, seed=0))
     return out
 
 

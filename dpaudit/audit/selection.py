@@ -6,7 +6,8 @@ One function per family of bound, each taking a frozen strategy object
 
 * :func:`select_guesses` -- one-run bounds (Steinke et al. 2023, arXiv 2305.08846;
   Mahloujifar et al. 2025, arXiv 2410.22235) and the claimed-curve test. The canaries are
-  ranked by (score, seeded random key); a guess pair (k+, k-) guesses "in" for the k+
+  ranked by score (:class:`Ranking`: ties by keys drawn per canary, or against the
+  guesser); a guess pair (k+, k-) guesses "in" for the k+
   highest and "out" for the k- lowest.
 * :func:`select_threshold` -- threshold bounds (Jagielski et al. 2020, arXiv 2006.07709;
   Nasr et al. 2023, arXiv 2302.07956): "member" iff score > threshold.
@@ -56,15 +57,22 @@ __all__ = [
 
 
 class Ranking:
-    """Canaries sorted by (score, random tie key); O(1) correct-guess counts for any (k+, k-)."""
+    """Canaries sorted by score; O(1) correct-guess counts for any (k+, k-).
 
-    def __init__(self, scores: np.ndarray, member: np.ndarray, keys: np.ndarray):
+    A tie between a member and a non-member is broken by ``keys`` (random numbers drawn per
+    canary, in an order fixed before membership was drawn: its identity), or, without keys,
+    against the guesser: within a block of equal scores the members rank lowest, so that the
+    k+ highest take its non-members first and the k- lowest its members first. Either way
+    the count is no larger than that of a guesser who sees the scores alone (Steinke et al.
+    2023, arXiv 2305.08846, need guesses that depend on the output and on randomness
+    independent of membership), whatever order the scores came in."""
+
+    def __init__(self, scores: np.ndarray, member: np.ndarray, keys: np.ndarray | None = None):
         order = np.argsort(scores)  # ascending score (3x faster than lexsort)
         ranked, ranked_member = scores[order], member[order]
         if ((ranked[1:] == ranked[:-1]) & (ranked_member[1:] != ranked_member[:-1])).any():
-            # a tie between a member and a non-member: broken by the random key (ties within
-            # one side leave the counts as they are, whatever their order)
-            order = np.lexsort((keys, scores))
+            # ties within one side leave the counts as they are, whatever their order
+            order = np.lexsort((~member, scores) if keys is None else (keys, scores))
         self.m = int(scores.size)
         self._cum_in = np.r_[0, np.cumsum(member[order])]  # members among the i lowest
 
@@ -123,13 +131,6 @@ def _unknown(strategy) -> InputError:
 
 
 # ------------------------------------------------------------------------ one run
-def _pooled(in_scores: np.ndarray, out_scores: np.ndarray, seed: int):
-    scores = np.concatenate([in_scores, out_scores])
-    member = np.r_[np.ones(in_scores.size, bool), np.zeros(out_scores.size, bool)]
-    keys = np.random.default_rng(np.random.SeedSequence(seed)).random(scores.size)
-    return scores, member, keys
-
-
 def _choosing_size(strategy: SplitStrategy, m: int) -> int:
     """Canaries in the choosing part of a split of m (both parts non-empty, or InputError)."""
     n_sel = int(round(strategy.fraction * m))
@@ -147,42 +148,46 @@ def _evaluating_pair(candidate: Candidate, m: int) -> tuple[int, int]:
 def select_guesses(
     strategy: Strategy,
     *,
-    in_scores: np.ndarray,
-    out_scores: np.ndarray,
-    tie_break_seed: int,
+    scores: np.ndarray,
+    member: np.ndarray,
+    tie_keys: np.ndarray | None,
     significance: float,
     chooser: GuessChooser,
     chooser_name: str,
 ) -> GuessSelection:
     """The (k+, k-) guess pairs ``strategy`` says to test on these canaries (one-run family).
 
-    The m = n_in + n_out canaries are pooled and ranked, ties broken by random keys from
-    ``tie_break_seed`` (never by which array a score came from).
+    The m canaries (``scores``, ``member``) are ranked by :class:`Ranking`, ties broken by
+    ``tie_keys`` or, without them, against the guesser.
 
     * Bonferroni: every distinct pair of the grid (default
       :data:`~dpaudit.audit.strategy.DEFAULT_GUESS_FRACTIONS`) on all m, at
       ``significance / G``.
-    * Split: the pooled canaries are split at random (so each stays "in" with probability
-      1/2); on the choosing part every candidate of the grid (default
+    * Split: the canaries are split at random (so each stays "in" with probability 1/2),
+      by a permutation of the canaries themselves: only when their order is known
+      (``tie_keys`` given), since the order of the two arrays would reveal who is a member;
+      on the choosing part every candidate of the grid (default
       :data:`~dpaudit.audit.strategy.DEFAULT_SPLIT_GUESS_FRACTIONS`) that makes a guess is
       scored by ``chooser(m_sel, r, v, significance)``; the best (ties: the higher accuracy
       v / r, then the first) is carried over as guess fractions to the evaluating part,
       tested at the full ``significance``. Its score lands in
       ``details["selection_<chooser_name>"]``.
     """
-    scores, member, keys = _pooled(in_scores, out_scores, tie_break_seed)
     if isinstance(strategy, BonferroniStrategy):
-        ranking = Ranking(scores, member, keys)
+        ranking = Ranking(scores, member, tie_keys)
         pairs = distinct_guess_pairs(strategy.grid or DEFAULT_GUESS_FRACTIONS, ranking.m)
         return GuessSelection(ranking, tuple(pairs), significance / len(pairs), {"num_candidates": len(pairs)}, True)
     if not isinstance(strategy, SplitStrategy):
         raise _unknown(strategy)
+    if tie_keys is None:
+        raise InputError("a split needs the canaries in their own order (CanaryScores.from_labels): the order of "
+                         "the two score arrays reveals which canaries are members")
     m_all = scores.size
     n_sel = _choosing_size(strategy, m_all)
     perm = np.random.default_rng(strategy.seed).permutation(m_all)
     sel, ev = perm[:n_sel], perm[n_sel:]
-    ranking_sel = Ranking(scores[sel], member[sel], keys[sel])
-    ranking_ev = Ranking(scores[ev], member[ev], keys[ev])
+    ranking_sel = Ranking(scores[sel], member[sel], tie_keys[sel])
+    ranking_ev = Ranking(scores[ev], member[ev], tie_keys[ev])
     tried = []
     for cand in strategy.grid or DEFAULT_SPLIT_GUESS_FRACTIONS:
         kp, km = one_run_guess_counts(cand, ranking_sel.m)

@@ -66,7 +66,7 @@ def split_metrics(
     from dpaudit.audit import CanaryScores, claimed_curve_bound
 
     labels = np.asarray(labels, dtype=bool)
-    cs = CanaryScores(in_scores=scores[labels], out_scores=scores[~labels], seed=seed)
+    cs = CanaryScores.from_labels(scores=scores, is_member=labels, seed=seed)
     ci = cs.bootstrap_ci("auc", num_samples=200, confidence=0.95, seed=seed)
     out: dict[str, Any] = {
         "auc": float(cs.auc()),

@@ -317,7 +317,7 @@ def white_box_rung(twin: RunDir, config: Config, name: str, *, delta: float | No
     g = choose_guess_fraction(**common, num_canaries=m, delta=delta, significance=sig, seed=config.seed)
     strategy = BonferroniStrategy(grid=(g,))
     scores = np.asarray(canaries.scores, dtype=float) / record.max_grad_norm
-    cs = CanaryScores(in_scores=scores[canaries.included], out_scores=scores[~canaries.included], seed=config.seed)
+    cs = CanaryScores.from_labels(scores=scores, is_member=canaries.included, seed=config.seed)
     bound = rung_bound(cs, methods=("claimed_curve",), **common, delta=delta, significance=sig, strategy=strategy)
     ideal = ideal_bounds(**common, num_canaries=m, delta=delta, significance=sig, methods=("claimed_curve",),
                          strategy=strategy, trials=config.audit.ladder.trials, seed=config.seed + 1)

@@ -137,7 +137,7 @@ def verdict_of(rundir: RunDir, *, epsilon: float, delta: float) -> dict[str, Any
     bounds = []
     for name, r in results.items():
         scores, labels = r["arrays"]["canaries"]
-        cs = CanaryScores(in_scores=scores[labels], out_scores=scores[~labels], seed=0)
+        cs = CanaryScores.from_labels(scores=scores, is_member=labels, seed=0)
         bounds.append((name, cs.bound("one_run", delta=delta, significance=significance)))
         if family:
             bounds.append((name, claimed_curve_bound(cs, **family, delta=delta, significance=significance)))

@@ -34,10 +34,11 @@ def gaussian(seed=0, m=600, mu=1.5):
 
 # ------------------------------------------------------------------ naive references
 def naive_one_run_counts(cs, k_plus, k_minus):
-    """Rank with the same seeded tie keys, by a Python sort; count correct guesses."""
-    scores = list(cs.in_scores) + list(cs.out_scores)
-    member = [True] * cs.num_members + [False] * cs.num_nonmembers
-    keys = np.random.default_rng(np.random.SeedSequence(cs.seed)).random(len(scores))
+    """Rank with the same seeded tie keys (one per canary, in canary order), by a Python sort;
+    count correct guesses."""
+    scores, member, keys = cs.pooled()
+    assert np.array_equal(keys, np.random.default_rng(np.random.SeedSequence(cs.seed, spawn_key=(0x74696573,)))
+                          .random(len(scores)))
     order = sorted(range(len(scores)), key=lambda i: (scores[i], keys[i]))
     top, bottom = order[len(order) - k_plus :], order[:k_minus]
     return sum(member[i] for i in top) + sum(not member[i] for i in bottom)
@@ -217,11 +218,16 @@ def test_reversed_scores_warn():
         CanaryScores(in_scores=rng.normal(0, 1, 100), out_scores=rng.normal(0, 1, 100))
 
 
-def test_tie_keys_follow_seed_not_array_order():
-    ins, outs = np.zeros(200), np.zeros(200)
+def test_ties_never_follow_the_order_of_the_arrays():
+    """Ties between members and non-members: keys per canary break them when the canaries'
+    order is known (about half of 200 guesses right whatever the seed, sd 7); with the two
+    arrays, whose order says who is a member, they count against the guesser."""
+    member = np.random.default_rng(0).random(400) < 0.5
     for seed in range(5):
-        cs = CanaryScores(in_scores=ins, out_scores=outs, seed=seed)
+        cs = CanaryScores.from_labels(scores=np.zeros(400), is_member=member, seed=seed)
         res = cs.epsilon_one_run(delta=DELTA, strategy=BonferroniStrategy(grid=[0.5]))
-        # 200 guesses, about half right whatever the seed (sd 7): membership does not leak
-        # through the order in which the scores were passed.
         assert res.num_guesses == 200 and 70 <= res.num_correct <= 130
+        assert res.details["tie_break_seed"] == seed
+        cs = CanaryScores(in_scores=np.zeros(200), out_scores=np.zeros(200), seed=seed)
+        res = cs.epsilon_one_run(delta=DELTA, strategy=BonferroniStrategy(grid=[0.5]))
+        assert res.num_guesses == 200 and res.num_correct == 0 and res.details["tie_break_seed"] is None

@@ -132,20 +132,21 @@ def separated_with_balanced_split(m, fraction, n_in=None):
     n_sel = round(fraction * m)
     for seed in range(10_000):
         sel = np.random.default_rng(seed).permutation(m)[:n_sel]
-        members_sel = int(np.sum(sel < n_in))  # pooled order: in scores first
+        members_sel = int(np.sum(sel < n_in))  # canary order: the members first
         if members_sel == (n_sel + 1) // 2 and n_in - members_sel == (m - n_sel + 1) // 2:
             break
     else:  # pragma: no cover
         raise AssertionError("no balanced split found")
-    cs = CanaryScores(in_scores=np.arange(n_in) + 10.0, out_scores=-np.arange(m - n_in) - 1.0)
-    return cs, SplitStrategy(fraction=fraction, seed=seed)
+    scores = np.r_[np.arange(n_in) + 10.0, -np.arange(m - n_in) - 1.0]
+    return CanaryScores.from_labels(scores=scores, is_member=scores > 0), SplitStrategy(fraction=fraction, seed=seed)
 
 
 @pytest.mark.parametrize("method", ["one_run", "one_run_fdp"])
 @pytest.mark.parametrize("m", [100, 57, 1000])
 def test_one_run_ceiling_is_what_separated_scores_report(method, m):
     # Bonferroni: balanced separated scores get every guess right at every candidate.
-    cs = CanaryScores(in_scores=np.arange((m + 1) // 2) + 10.0, out_scores=-np.arange(m // 2) - 1.0)
+    scores = np.r_[np.arange((m + 1) // 2) + 10.0, -np.arange(m // 2) - 1.0]
+    cs = CanaryScores.from_labels(scores=scores, is_member=scores > 0)
     for strategy in (None, BonferroniStrategy(grid=(0.02, (0.1, 0.3), 0.5))):
         want = cs.bound(method, delta=1e-5, significance=0.05, strategy=strategy).epsilon
         assert one_run_ceiling(method=method, num_canaries=m, delta=1e-5, significance=0.05,
@@ -162,7 +163,8 @@ def test_one_run_ceiling_is_what_separated_scores_report(method, m):
 
 def test_split_ceiling_bounds_what_any_split_reports():
     # With the default split grid an unbalanced split loses some guesses; never above the ceiling.
-    cs = CanaryScores(in_scores=np.arange(50) + 10.0, out_scores=-np.arange(50) - 1.0)
+    scores = np.r_[np.arange(50) + 10.0, -np.arange(50) - 1.0]
+    cs = CanaryScores.from_labels(scores=scores, is_member=scores > 0)
     for seed in range(5):
         s = SplitStrategy(seed=seed)
         ceiling = one_run_ceiling(method="one_run", num_canaries=100, delta=1e-5, significance=0.05, strategy=s)

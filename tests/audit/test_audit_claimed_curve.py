@@ -37,6 +37,7 @@ from dpaudit.audit import (
     mu_one_run_fdp,
     tradeoff_curve_from_profile,
 )
+from dpaudit.audit.canary_scores import tie_keys
 from dpaudit.audit.strategy import distinct_guess_pairs, one_run_guess_counts
 from dpaudit.errors import InputError
 
@@ -252,9 +253,8 @@ def simulate(seed, sigma_true, m=M, q=Q, steps=T):
 
 
 def naive_guess_counts(cs, kp, km):
-    scores = np.r_[cs.in_scores, cs.out_scores]
-    member = np.r_[np.ones(cs.num_members, bool), np.zeros(cs.num_nonmembers, bool)]
-    keys = np.random.default_rng(np.random.SeedSequence(cs.seed)).random(scores.size)
+    scores, member, _ = cs.pooled()  # canary order
+    keys = tie_keys(cs.seed, scores.size)
     order = np.lexsort((keys, scores))
     return int(member[order[scores.size - kp :]].sum() + (~member[order[:km]]).sum())
 
@@ -402,9 +402,8 @@ def test_bound_with_split_strategy():
     assert res.strategy["name"] == "split" and res.num_canaries == 2000
     assert res.details["significance_per_test"] == SIG
     # the evaluating part, rebuilt by hand, tested at the full significance
-    scores = np.r_[cs.in_scores, cs.out_scores]
-    member = np.r_[np.ones(cs.num_members, bool), np.zeros(cs.num_nonmembers, bool)]
-    keys = np.random.default_rng(np.random.SeedSequence(cs.seed)).random(scores.size)
+    scores, member, _ = cs.pooled()  # canary order
+    keys = tie_keys(cs.seed, scores.size)
     ev = np.random.default_rng(3).permutation(scores.size)[2000:]
     sub = CanaryScores.from_labels(scores=scores[ev], is_member=member[ev])
     cand = res.details["chosen_candidate"]

@@ -35,6 +35,8 @@ from dpaudit.audit import (
     mu_one_run_fdp,
 )
 
+from dpaudit.errors import InputError
+
 DELTA = 1e-5
 
 
@@ -180,10 +182,45 @@ def test_canary_scores_soundness_many_trials(kind, param, m, strategy, significa
 def test_ties_never_leak_membership():
     """All scores equal: whatever the strategy, no bound may claim real leakage (a
     tie-break that ranked members first would make every one-run guess right here)."""
-    cs = CanaryScores(in_scores=np.zeros(500), out_scores=np.zeros(500), seed=3)
+    member = np.random.default_rng(0).random(1000) < 0.5
+    cs = CanaryScores.from_labels(scores=np.zeros(1000), is_member=member, seed=3)
     for method in ("clopper_pearson", "gdp", "one_run", "one_run_fdp"):
         for strategy in (BonferroniStrategy(), SplitStrategy(seed=1)):
             assert cs.bound(method, delta=DELTA, strategy=strategy).epsilon < 0.1
+
+
+@pytest.mark.parametrize("seed", [0, 13])
+@pytest.mark.parametrize("build", ["arrays", "labels"])
+def test_one_seed_many_memberships(build, seed):
+    """Soundness must hold for every fixed seed, over the memberships alone (the pipeline
+    passes its run's seed). A mechanism of epsilon 0 whose scores all tie: with tie keys
+    drawn per position of the two arrays (members first), seed 13 gave a bound above 0 in
+    every trial."""
+    rng = np.random.default_rng(seed + 7)
+    strategy, trials = BonferroniStrategy(grid=(0.1,)), 200
+    exceed = 0
+    for _ in range(trials):
+        member = rng.random(1000) < 0.5
+        cs = (CanaryScores(in_scores=np.zeros(member.sum()), out_scores=np.zeros((~member).sum()), seed=seed)
+              if build == "arrays" else CanaryScores.from_labels(scores=np.zeros(1000), is_member=member, seed=seed))
+        exceed += cs.epsilon_one_run(delta=DELTA, significance=0.05, strategy=strategy).epsilon > 0
+    assert exceed <= allowed_exceedances(trials, 0.05)
+
+
+def test_one_split_seed_many_memberships():
+    """A split drawn once (its seed fixed) must not follow membership: epsilon 0 (scores
+    independent of membership), one-sided guesses. A permutation of the positions of the two
+    arrays gave 0.145 for this seed."""
+    rng = np.random.default_rng(6)
+    strategy, trials = SplitStrategy(fraction=0.5, seed=6, grid=((0.3, 0.0),)), 200
+    exceed = 0
+    for t in range(trials):
+        member = rng.random(1000) < 0.5
+        cs = CanaryScores.from_labels(scores=rng.normal(size=1000), is_member=member, seed=t)
+        exceed += cs.epsilon_one_run(delta=DELTA, significance=0.05, strategy=strategy).epsilon > 0
+    assert exceed <= allowed_exceedances(trials, 0.05)
+    with pytest.raises(InputError, match="own order"):
+        CanaryScores(in_scores=np.ones(5), out_scores=np.zeros(5)).epsilon_one_run(delta=DELTA, strategy=strategy)
 
 
 # -------------------------------------------------------------------- monotonicity
