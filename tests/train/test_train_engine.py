@@ -368,6 +368,21 @@ def test_ghost_norms_in_bf16_on_cpu():
         eng.close()
 
 
+@pytest.mark.parametrize("layers", ["ghost", "mixed"])
+def test_a_clipped_unit_stays_within_c_in_bf16(layers):
+    """Under bf16 autocast each unit's clipped gradient has norm at most C: a clip factor
+    rounded up to bf16 (up to 2^-8) gave 1.0027 C on the ghosted layers."""
+    model = build("gpt2")
+    seqs = sequences([8, 5, 7, 3, 12, 6, 9, 4], seed=11)
+    C = min(clip(single_gradient(model, s), 1.0)[1] for s in seqs) / 4  # every unit clipped
+    eng = engine(model, GhostClippingEngine, C=C, microbatch=4, layers=layers, fallback=False,
+                 autocast_dtype=torch.bfloat16)
+    for s in seqs:
+        summed, _ = eng.summed_gradients([[s]])
+        assert float(torch.sqrt(sum(g.double().square().sum() for g in summed.values()))) <= C
+    eng.close()
+
+
 class WeightOutsideItsModule(torch.nn.Module):
     """Logits from ``hidden @ embedding.weight.T`` in the parent's forward: no hook sees it."""
 
