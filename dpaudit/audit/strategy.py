@@ -99,11 +99,9 @@ def _is_fraction(x) -> bool:
 
 def one_run_guess_counts(candidate: Candidate, m: int) -> tuple[int, int]:
     """(k+, k-) for a one-run candidate and m canaries (see module docstring)."""
-    if isinstance(candidate, tuple):
-        k_plus, k_minus = round(candidate[0] * m), round(candidate[1] * m)
-        if k_plus + k_minus > m:
-            raise InputError(f"candidate {candidate} asks for more than m={m} guesses")
-        return int(k_plus), int(k_minus)
+    if isinstance(candidate, tuple):  # g+ + g- <= 1 (checked), so only rounding can ask for more than m
+        k_plus = round(candidate[0] * m)
+        return int(k_plus), int(min(round(candidate[1] * m), m - k_plus))
     if candidate <= 0.0:
         raise InputError(f"a guess fraction must be > 0, got {candidate}")
     k = max(1, round(candidate * m))

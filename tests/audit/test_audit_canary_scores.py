@@ -21,6 +21,7 @@ from dpaudit.audit import (
     epsilon_one_run,
     epsilon_one_run_fdp,
 )
+from dpaudit.audit.strategy import one_run_guess_counts
 from dpaudit.errors import InputError
 
 DELTA = 1e-5
@@ -108,6 +109,10 @@ def test_custom_grid_and_pairs():
     assert single.epsilon == pytest.approx(
         epsilon_one_run(num_canaries=600, num_guesses=60, num_correct=naive_one_run_counts(cs, 30, 30), delta=DELTA)
     )
+    # a pair that the grid accepts (sum <= 1) never asks for more than m guesses, m odd
+    assert one_run_guess_counts((0.5, 0.5), 7) == (4, 3) and one_run_guess_counts((0.25, 0.75), 6) == (2, 4)
+    seven = CanaryScores(in_scores=np.arange(4) + 10.0, out_scores=np.arange(3) * 1.0)
+    assert seven.epsilon_one_run(delta=DELTA, strategy=BonferroniStrategy(grid=((0.5, 0.5),))).num_correct == 7
 
 
 def test_split_strategy_records_choice_and_is_seeded():
