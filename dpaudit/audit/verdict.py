@@ -19,6 +19,10 @@ Four outcomes, decided in this order (exit statuses of the command line in brack
    for the claimed DP-SGD family: Mahloujifar et al. 2024) exceeds the claimed epsilon at
    that bound's delta (the accountant's epsilon at that delta when a curve is given). This
    wins over everything below: a violation seen is a violation, however weak the audit.
+   The claimed-curve test's epsilon is that of the claimed family at delta (the least noisy
+   DP-SGD curve, same q and T, that the guesses reject): above the claim, it shows the run
+   lacks the trade-off curve its accountant claims, not that it fails (epsilon, delta)-DP at
+   that one delta for every kind of mechanism.
 3. ``"inconclusive"`` (3) -- the audit could not have seen a violation: the model learned
    nothing (held-out loss no better than at initialisation, and no sound bound above 0,
    which would show that the canaries moved it), or the audit's ceiling (the largest bound
@@ -246,11 +250,15 @@ def decide(
     if violators:
         attack, b, c = max(violators, key=lambda t: t[1].epsilon)
         source = "the accountant's epsilon" if accountant_epsilon is not None else "the claimed epsilon"
+        # the family test rejects the claimed trade-off curve, on which the claimed (c, delta)
+        # rests: its epsilon is the claimed family's at delta, not a bound for every mechanism
+        what = (f"the run does not have the trade-off curve its accountant claims, on which ({c:.3f}, "
+                f"{_fmt_delta(b.delta)})-DP rests" if b.method == "claimed_curve" else
+                f"the run is not ({c:.3f}, {_fmt_delta(b.delta)})-DP as claimed")
         reason = (
             f"Attack {attack!r}, {b.method} bound{f' ({b.paper})' if b.paper else ''}: epsilon >= {b.epsilon:.3f} "
             f"at delta={_fmt_delta(b.delta)}, above {source} {c:.3f} "
-            f"({_confidence(significance, len(sound))}): the run is not ({c:.3f}, {_fmt_delta(b.delta)})-DP "
-            "as claimed."
+            f"({_confidence(significance, len(sound))}): {what}."
         )
         return verdict("violated", reason, (attack, b), c)
 

@@ -70,6 +70,16 @@ def test_the_reported_violation_is_the_largest_violating_sound_bound():
     assert (v.attack, v.epsilon_lower_bound) == ("b", 4.0)
 
 
+def test_a_claimed_curve_violation_says_what_it_shows():
+    """The family test rejects the claimed trade-off curve; its epsilon is the claimed
+    family's at delta, so the reason does not say the run fails (epsilon, delta)-DP there."""
+    family = dataclasses.replace(bound("one_run", eps=3.4), method="claimed_curve", sound=True)
+    v = run([("loss", family)], claimed=3.0)
+    assert v.status == "violated" and "trade-off curve its accountant claims" in v.reason
+    assert "-DP as claimed" not in v.reason
+    assert "is not (3.000, 1e-05)-DP as claimed" in run([("loss", bound(eps=3.4))], claimed=3.0).reason
+
+
 # ------------------------------------------------------------- non-sound bounds
 def test_non_sound_bounds_never_decide():
     estimates = [("loss", bound("one_run_fdp", eps=9.0)), ("loss", bound("gdp", eps=12.0))]
