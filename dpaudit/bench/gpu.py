@@ -22,10 +22,10 @@ first survives a short budget:
 - ``suite``, ``model``, ``device``, ``precision``, ``clock``, ``batch_size``, ``length``: what
   ran; ``hardware``: the GPU's name and memory, the torch and CUDA versions, the date (UTC);
   ``manifest``: package versions, git commit and platform (:func:`dpaudit.stages.artifacts.manifest`);
-- ``secure_noise_share``: the time to draw one step's Gaussian noise with the secure generator
-  (``SecureGenerator(device).standard_normal(shape, device=..., dtype=float32)`` for every
-  trainable parameter's shape, as secure mode does) over the time of one DP step in secure
-  mode, which includes that draw; ``details.secure_noise_s``: the draw's median seconds;
+- ``secure_noise_share``: the time to add one step's Gaussian noise with the secure generator
+  (``SecureGenerator(device).add_noise_all_`` on a float32 tensor of every trainable
+  parameter's shape, as secure mode does, after a warm-up draw) over the time of one DP step in
+  secure mode, which includes that draw; ``details.secure_noise_s``: the draw's median seconds;
 - ``nonprivate_tokens_per_s``, ``dp_tokens_per_s`` (secure mode, the default of DP training)
   and ``dp_tokens_per_s_reproducible`` (noise from a seeded torch generator on the device):
   tokens per second of :data:`STEPS` steps, after a warm-up step, of the non-private engine and
@@ -166,20 +166,22 @@ def _training_steps(factory, model, units, *, device: torch.device, private: boo
 
 
 def secure_noise_seconds(model, *, device: torch.device, draws: int) -> list[float]:
-    """Seconds of each of ``draws`` draws of one step's noise from the secure generator: a
-    float32 ``standard_normal`` on ``device`` of every trainable parameter's shape."""
+    """Seconds of each of ``draws`` draws of one step's noise from the secure generator, after
+    a warm-up draw: :meth:`~dpaudit.train.sampling.SecureGenerator.add_noise_all_` on a float32
+    tensor of every trainable parameter's shape on ``device``, as secure mode's step does."""
     from dpaudit.train.engine import trainable_parameters
     from dpaudit.train.sampling import SecureGenerator
 
     generator = SecureGenerator(device)
-    shapes = [p.shape for p in trainable_parameters(model).values()]
+    sums = [torch.zeros(p.shape, dtype=torch.float32, device=device) for p in trainable_parameters(model).values()]
     now = clock(device)
     times = []
+    generator.add_noise_all_(sums, std=1.0)  # warm-up: torch.compile builds the kernels on first use
     for _ in range(draws):
+        generator.next_step()
         sync(device)
         start = now()
-        for shape in shapes:
-            generator.standard_normal(shape, device=device, dtype=torch.float32)
+        generator.add_noise_all_(sums, std=1.0)
         sync(device)
         times.append(now() - start)
     return times

@@ -455,11 +455,11 @@ class DPSGDEngine(GradientEngine):
         if std == 0:
             return summed
         # in place: ``summed`` is this step's own (one pass and no new tensor per parameter)
+        if isinstance(generator, SecureGenerator):  # secure mode: ChaCha20 noise, the sum snapped to a grid
+            generator.add_noise_all_(list(summed.values()), std=std)
+            return summed
         for g in summed.values():
-            if isinstance(generator, SecureGenerator):  # secure mode: ChaCha20 noise, the sum snapped to a grid
-                generator.add_noise_(g, std=std)
-            else:
-                g.add_(torch.randn(g.shape, generator=generator, device=g.device, dtype=g.dtype), alpha=std)
+            g.add_(torch.randn(g.shape, generator=generator, device=g.device, dtype=g.dtype), alpha=std)
         return summed
 
 

@@ -140,8 +140,8 @@ class SecureGenerator(torch.Generator):
     Nonce and counter (RFC 8439 2.3: state word 12 is the block counter, words 13-15 the
     nonce): word 13 = the draw's index within its step, words 14-15 = the step (64 bits,
     little-endian), word 12 = the block within the draw, from 0. :meth:`next_step` moves to the
-    next step and every draw (:meth:`standard_normal`, :meth:`add_noise_`: one per parameter
-    tensor) takes the next index, both only ever counting up, so no (key, nonce, counter) is used
+    next step and every draw (:meth:`standard_normal`, :meth:`add_noise_`; :meth:`add_noise_all_`
+    draws once per parameter tensor on the CPU, once per device elsewhere) takes the next index, both only ever counting up, so no (key, nonce, counter) is used
     twice in a run; a draw of more than 2^32 blocks (68 billion normals), a step of more than 2^32
     draws, or 2^64 steps is refused rather than wrapped. A forked child draws a key of its own
     at its first draw (with its parent's key it would repeat its parent's noise).
@@ -196,6 +196,26 @@ class SecureGenerator(torch.Generator):
             tensor.detach().copy_(work.view(tensor.shape))
         return tensor
 
+    def add_noise_all_(self, tensors, *, std: float) -> None:
+        """:meth:`add_noise_` on each of ``tensors`` (one step's summed gradients). On an
+        accelerator they are noised as one draw per device, concatenated and split back: each
+        draw costs a few kernel calls and host-to-device copies whatever its size, and on one
+        H100 GPT-2 124M's 148 tensors took 1.6 s a step drawn one by one, the same 124 million
+        normals 7 ms in one draw (2026-12-05). On the CPU, where a call costs little, one draw
+        per tensor, with no copies."""
+        by_device: dict[torch.device, list[torch.Tensor]] = {}
+        for t in tensors:
+            by_device.setdefault(t.device, []).append(t)
+        for device, group in by_device.items():
+            if not _one_draw(device):
+                for t in group:
+                    self.add_noise_(t, std=std)
+                continue
+            flat = torch.cat([t.detach().reshape(-1).float() for t in group])
+            self._draw(flat, std=std, spacing=chacha.snap_spacing(std))
+            for t, part in zip(group, flat.split([t.numel() for t in group])):
+                t.detach().copy_(part.view(t.shape))
+
     # -- the draws -------------------------------------------------------------
 
     def _draw(self, out: torch.Tensor, *, std: float | None = None, spacing: float | None = None) -> None:
@@ -209,7 +229,8 @@ class SecureGenerator(torch.Generator):
         groups = -(-n // chacha.GROUP_NORMALS)
         if groups * chacha.GROUP_BLOCKS > chacha.MAX_BLOCKS:
             raise ValueError(f"{n} normals in one draw exceed ChaCha20's 2^32 blocks per nonce")
-        compiled = n >= chacha.COMPILE_MIN and chacha.can_compile(device)
+        # eager, a draw on an accelerator is the block function's ~2,000 operations, a kernel each
+        compiled = chacha.can_compile(device) and (n >= chacha.COMPILE_MIN or device.type != "cpu")
         stream = self._stream(nonce, device, compiled)
         chunk = _CHUNK_GROUPS if device.type == "cpu" else _DEVICE_CHUNK_GROUPS
         for start in range(0, groups, chunk):
@@ -250,6 +271,11 @@ def _has_openssl() -> bool:
 _OPENSSL = _has_openssl()
 _CHUNK_GROUPS = 2**15  # 1 Mi normals a kernel call on the CPU (a call costs ~50 us: fewer, larger ones)
 _DEVICE_CHUNK_GROUPS = 2**18  # 8 Mi normals a kernel on an accelerator
+
+
+def _one_draw(device: torch.device) -> bool:
+    """Whether :meth:`SecureGenerator.add_noise_all_` noises a device's tensors as one draw."""
+    return device.type != "cpu"
 
 
 def os_seed() -> int:

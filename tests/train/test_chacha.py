@@ -329,7 +329,7 @@ def test_the_engine_snaps_the_noisy_sum_in_secure_mode_only():
     generator = SecureGenerator()
     generator.next_step()
     engine.step(units, generator)
-    assert generator.draws == len(engine.params)  # one draw per parameter tensor
+    assert generator.draws == len(engine.params)  # on the CPU, one draw per parameter tensor
     for p in engine.params.values():
         k = p.grad * B / spacing
         assert torch.equal(k, torch.round(k))
@@ -337,3 +337,26 @@ def test_the_engine_snaps_the_noisy_sum_in_secure_mode_only():
     off_grid = [bool((p.grad * B / spacing != torch.round(p.grad * B / spacing)).any()) for p in engine.params.values()]
     assert all(off_grid)
     engine.close()
+
+
+def test_one_draw_for_all_the_step_s_tensors(monkeypatch):
+    """On an accelerator a step's tensors are noised as one draw (a draw costs a few kernel
+    calls whatever its size): the path run here on the CPU. Each tensor keeps its shape and
+    dtype, gets its own stretch of the keystream, and lands on the snapping grid."""
+    import dpaudit.train.sampling as sampling
+
+    monkeypatch.setattr(sampling, "_one_draw", lambda device: True)
+    g = SecureGenerator()
+    g.next_step()
+    std = 1.5
+    spacing = chacha.snap_spacing(std)
+    tensors = [torch.zeros(300, 40), torch.zeros(40), torch.zeros(7, 5).t(), torch.zeros(300, 40, dtype=torch.float64)]
+    g.add_noise_all_(tensors, std=std)
+    assert g.draws == 1
+    assert [t.shape for t in tensors] == [(300, 40), (40,), (5, 7), (300, 40)]
+    assert tensors[3].dtype == torch.float64 and not tensors[2].is_contiguous()
+    for t in tensors:
+        assert torch.equal(t / spacing, torch.round(t / spacing))
+    assert not torch.equal(tensors[0], tensors[3].float())  # two tensors of one shape: two stretches
+    z = torch.cat([t.reshape(-1).float() for t in tensors]) / std
+    assert stats.kstest(z.numpy(), "norm").pvalue > 1e-4
