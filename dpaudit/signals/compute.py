@@ -20,6 +20,11 @@ from dpaudit.signals.tokens import TokenSignals
 # slices only bound the temporary memory.
 _CPU_CHUNK_BYTES = 1 << 19
 _GPU_CHUNK_ELEMENTS = 1 << 27
+_CPU_HEAD_ROWS = 256  # least rows per slice when the slices' logits come from the head
+
+#: The dtype the model body runs in under autocast, by device type (none on CPU: a float32
+#: forward there is as fast). Tests add "cpu" to run the bf16 path on CPU.
+_AUTOCAST: dict[str, torch.dtype] = {"cuda": torch.bfloat16}
 
 
 def check_texts(texts) -> list[str]:
@@ -55,15 +60,53 @@ def _encode(tokenizer, texts: list[str], max_length: int) -> list[list[int]]:
     return [list(ids) for ids in enc["input_ids"]]
 
 
-def _batch_stats(logits: torch.Tensor, input_ids: torch.Tensor, lengths: np.ndarray):
+#: Causal LMs of transformers whose logits are exactly ``lm_head(base_model(...)[0])``, the head
+#: being the output embeddings (``get_output_embeddings()``) and nothing applied after it (no
+#: logit scaling or softcapping, as Gemma 2, Cohere or Granite have): checked in their source.
+_PLAIN_HEAD_MODELS = frozenset({
+    "GPT2LMHeadModel", "LlamaForCausalLM", "OPTForCausalLM", "GPTNeoXForCausalLM",
+    "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "GPTNeoForCausalLM",
+    "GPTJForCausalLM", "Phi3ForCausalLM", "GemmaForCausalLM", "FalconForCausalLM",
+})  # fmt: skip
+
+
+def _float32_head(model):
+    """``(base_model, head)`` when the logits can be recomputed from the base model's last
+    hidden state as ``hidden @ head.weight.T + head.bias`` in float32; else None.
+
+    Only for the exact classes in :data:`_PLAIN_HEAD_MODELS` (a subclass may change its
+    forward; a wrapper is not one of them), with a plain ``nn.Linear`` head (not a quantised or
+    adapter layer) whose weight is in memory (not offloaded to the meta device). Every other
+    model falls back to its own logits, cast to float32 slice by slice (rounded to bf16 under
+    autocast: its log-probs then carry errors of up to half a bf16 step of the logits).
+    """
+    cls = type(model)
+    if cls.__name__ not in _PLAIN_HEAD_MODELS or not cls.__module__.startswith("transformers."):
+        return None
+    base = getattr(model, "base_model", model)
+    get_head = getattr(model, "get_output_embeddings", None)
+    head = get_head() if get_head is not None else None
+    if base is model or type(head) is not torch.nn.Linear or head.weight.device.type == "meta":
+        return None
+    return base, head
+
+
+def _batch_stats(
+    logits: torch.Tensor, input_ids: torch.Tensor, lengths: np.ndarray, head: torch.nn.Linear | None = None
+):
     """float32 numpy ``[3, B, Lb-1]``: logprob, mean, std; 0 beyond each text's length.
 
     The logits ``[B, Lb, V]`` (overwritten: this module owns them) are walked as one
     ``[B * Lb, V]`` matrix, over the rows of real tokens only (adjacent texts' rows merged
     into one run), in slices that stay in a core's L2 cache on CPU (on GPU the slices only
-    bound the temporary memory). Each slice ``x`` gets eight passes, one of them an
-    exponential (the least any exact method needs): with ``y = x - max x`` (in place) and
-    ``e = exp(y)`` (in one reused buffer, then multiplied by ``y`` in place, twice),
+    bound the temporary memory). With ``head``, ``logits`` is the last hidden state
+    ``[B, Lb, H]`` instead, and each slice of logits is computed from it in float32 (autocast
+    off) into one reused buffer: the logits are never rounded to bf16, and never held whole
+    (on CPU the slices are then at least :data:`_CPU_HEAD_ROWS` rows, so that the head's
+    weight is read once per few hundred rows, not per row). Each slice ``x`` gets eight
+    passes, one of them an exponential (the least any exact method needs): with
+    ``y = x - max x`` (in place) and ``e = exp(y)`` (in one reused buffer, then multiplied by
+    ``y`` in place, twice),
 
         s = sum e,    E_p[y] = sum(e y) / s,    E_p[y^2] = sum((e y) y) / s,
 
@@ -74,16 +117,26 @@ def _batch_stats(logits: torch.Tensor, input_ids: torch.Tensor, lengths: np.ndar
     allocates a slice-sized tensor (fresh buffers cost more in page faults than the
     arithmetic), and few small operations run per slice.
     """
-    bsz, seq, vocab = logits.shape
-    dev = logits.device
-    flat = logits.reshape(bsz * seq, vocab)  # a view when contiguous (the usual case)
+    if head is not None:
+        bsz, seq = logits.shape[:2]
+        weight = head.weight.float()  # no copy for float32 weights (the autocast case)
+        bias = None if head.bias is None else head.bias.float()
+        vocab, dev = weight.shape[0], weight.device
+        flat = logits.reshape(bsz * seq, -1).to(dev, torch.float32)  # the hidden state, small
+    else:
+        bsz, seq, vocab = logits.shape
+        dev = logits.device
+        flat = logits.reshape(bsz * seq, vocab)  # a view when contiguous (the usual case)
     target = torch.zeros((bsz, seq), dtype=torch.long, device=dev)
-    target[:, :-1] = input_ids[:, 1:]
+    target[:, :-1] = input_ids[:, 1:].to(dev)
     target = target.view(-1, 1)  # the last position of a text has no target: computed, then masked
     # rows of raw sums: sum e, sum e y, sum e y^2, y at the target
     acc = torch.zeros((4, bsz * seq, 1), dtype=torch.float32, device=dev)
     rows = max(1, (_CPU_CHUNK_BYTES // 4 if dev.type == "cpu" else _GPU_CHUNK_ELEMENTS) // vocab)
+    if head is not None and dev.type == "cpu":
+        rows = max(rows, _CPU_HEAD_ROWS)
     work = torch.empty((min(rows, bsz * seq), vocab), dtype=torch.float32, device=dev)
+    out = torch.empty_like(work) if head is not None else None
     runs: list[list[int]] = []
     for b in range(bsz):
         r0, r1 = b * seq, b * seq + int(lengths[b])
@@ -94,7 +147,15 @@ def _batch_stats(logits: torch.Tensor, input_ids: torch.Tensor, lengths: np.ndar
     for r0, r1 in runs:
         for c0 in range(r0, r1, rows):
             c1 = min(r1, c0 + rows)
-            y = flat[c0:c1].float()  # bf16 logits (CUDA autocast) one slice at a time
+            if out is None:
+                y = flat[c0:c1].float()  # the model's logits (bf16 under autocast), a slice at a time
+            else:
+                y = out[: c1 - c0]
+                with torch.autocast(dev.type, enabled=False):
+                    if bias is None:
+                        torch.mm(flat[c0:c1], weight.t(), out=y)
+                    else:
+                        torch.addmm(bias, flat[c0:c1], weight.t(), out=y)
             e = work[: c1 - c0]
             y.sub_(y.amax(dim=-1, keepdim=True))
             torch.exp(y, out=e)
@@ -128,11 +189,13 @@ def _signals_from_ids(
     order = np.argsort(-lengths, kind="stable")
 
     dev = place_model(model, device)
-    autocast = (
-        torch.autocast("cuda", dtype=torch.bfloat16)
-        if dev.type == "cuda"
-        else contextlib.nullcontext()
-    )
+    cast = _AUTOCAST.get(dev.type)
+    autocast = torch.autocast(dev.type, dtype=cast) if cast is not None else contextlib.nullcontext()
+    # Logits near -100 (GPT-2's) rounded to bf16 are off by up to 0.25 nats each: under
+    # autocast, or with low-precision weights, the output layer is applied in float32.
+    head = _float32_head(model)
+    if head is not None and cast is None and head[1].weight.dtype == torch.float32:
+        head = None  # a float32 forward: the model's own logits are float32 already
     was_training = model.training
     model.eval()
     try:
@@ -151,10 +214,15 @@ def _signals_from_ids(
                 input_ids = torch.from_numpy(arr).to(dev, non_blocking=True)
                 attention_mask = torch.from_numpy(att.astype(np.int64)).to(dev, non_blocking=True)
                 with autocast:
-                    logits = model(
-                        input_ids=input_ids, attention_mask=attention_mask, use_cache=False
-                    ).logits
-                stats = _batch_stats(logits, input_ids, blen)
+                    if head is None:
+                        logits = model(
+                            input_ids=input_ids, attention_mask=attention_mask, use_cache=False
+                        ).logits
+                    else:  # the body only: the head runs in float32 in _batch_stats
+                        logits = head[0](
+                            input_ids=input_ids, attention_mask=attention_mask, use_cache=False
+                        )[0]
+                stats = _batch_stats(logits, input_ids, blen, None if head is None else head[1])
                 del logits
                 logprob[idx, : seq - 1] = stats[0]
                 mean[idx, : seq - 1] = stats[1]
@@ -181,7 +249,8 @@ def compute_signals(
     Texts are tokenised with the tokenizer's defaults, truncated to ``max_length`` tokens
     (and to the model's ``max_position_embeddings``), sorted by length to minimise
     padding, right-padded with an attention mask, and run under ``torch.inference_mode()``
-    (bf16 autocast on CUDA); the output rows follow the order of ``texts``. Each logit
+    (bf16 autocast on CUDA, the output layer in float32 for the families that allow it: see
+    :func:`_float32_head`); the output rows follow the order of ``texts``. Each logit
     goes through one exponential (float32, in cache-sized slices on CPU), from
     which the shifted-label log-prob and the mean/std used by Min-K%++ all follow.
 
