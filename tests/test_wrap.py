@@ -228,6 +228,79 @@ def test_a_plain_hf_trainer_is_tapped_and_flagged(tmp_path):
     assert checks["noise"]["optimizer_noise_multiplier"] == 0 and not checks["ok"]
 
 
+def _seen(batches, canary_rows) -> tuple[int, set[tuple[int, ...]]]:
+    """The canary rows in ``batches`` and their other rows (each row's tokens under its mask)."""
+    canaries = {tuple(r.tolist()) for r in canary_rows}
+    rows = [tuple(ids[mask.bool()].tolist()) for b in batches for ids, mask in zip(b["input_ids"], b["attention_mask"])]
+    return sum(r in canaries for r in rows), {r for r in rows if r not in canaries}
+
+
+def _counted_as_trained(audit, trained, steps):
+    """The audit counts the batches trained on, their canary draws and rows, and no batch drawn after."""
+    from dpaudit.audit.assess import accounting_mismatch
+
+    obs = audit._observer
+    record = obs.training_record()
+    canaries, rows = _seen(trained, obs.canary_rows)
+    assert audit.observed["batches"] == audit.observed["steps"] == steps == len(trained)
+    assert record.checks["steps"]["consistent"] and record.dp.steps == record.checks["batch_size"]["steps"] == steps
+    assert accounting_mismatch(record.dp, record.checks) is None
+    assert obs.sizes == [int(b["input_ids"].shape[0]) for b in trained]
+    assert record.checks["canary_rows"]["draws"] == canaries
+    assert {tuple(r.tolist()) for r in obs.member_rows()} <= rows
+    return record
+
+
+def test_a_loop_stopped_mid_epoch_counts_the_batches_it_trained_on(tmp_path):
+    """A loop that draws one batch more than it trains on (it breaks after T steps): the
+    batch drawn after the last step is neither a step of the sampler nor a source of canary
+    draws or members, and the correct loop is not ruled violated."""
+    from dpaudit import accounting
+
+    model, tokenizer, rows, collate, heldout = _tiny()
+    q, steps = 16 / len(rows), 3
+    sigma = accounting.noise_multiplier(target_epsilon=EPSILON, sample_rate=q, steps=steps, delta=DELTA)
+    model, optimizer, loader = PrivacyEngine().make_private(
+        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.5),
+        data_loader=DataLoader(rows, batch_size=16, collate_fn=collate), noise_multiplier=sigma, max_grad_norm=1.0)
+    audit = dpaudit.Audit(claim=dict(epsilon=EPSILON, delta=DELTA), out=tmp_path / "run", tokenizer=tokenizer,
+                          heldout=heldout, canaries=8)
+    loader, optimizer = audit.wrap_loader(loader), audit.wrap_optimizer(optimizer)
+    trained = []
+    for i, batch in enumerate(loader):
+        if i >= steps:
+            break
+        model(**batch).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        trained.append(batch)
+    record = _counted_as_trained(audit, trained, steps)
+    assert record.checks["ok"], record.checks
+
+
+def test_a_trainer_stopped_by_max_steps_counts_the_batches_it_trained_on(tmp_path):
+    """accelerate's DataLoaderShard collates one batch ahead of the one it yields: a Trainer
+    stopped by max_steps mid-epoch has drawn one batch more than it trained on."""
+    from transformers import Trainer, TrainingArguments
+
+    model, tokenizer, rows, collate, heldout = _tiny()
+    audit = dpaudit.Audit(claim=dict(epsilon=EPSILON, delta=DELTA), out=tmp_path / "run", tokenizer=tokenizer,
+                          heldout=heldout, canaries=8)
+    trained = []
+
+    class Recording(Trainer):
+        def training_step(self, model, inputs, *args, **kwargs):
+            trained.append({k: v.detach().clone() for k, v in inputs.items()})
+            return super().training_step(model, inputs, *args, **kwargs)
+
+    args = TrainingArguments(output_dir=str(tmp_path / "hf"), max_steps=3, per_device_train_batch_size=4,
+                             report_to=[], use_cpu=True, save_strategy="no", logging_strategy="no", disable_tqdm=True,
+                             dataloader_num_workers=0)
+    Recording(model=model, args=args, train_dataset=[dict(r) for r in rows], data_collator=collate,
+              callbacks=[audit.callback()]).train()
+    _counted_as_trained(audit, trained, 3)
+
+
 def test_bad_input_is_one_clear_value_error(tmp_path):
     from transformers import PreTrainedTokenizerFast  # noqa: F401
 

@@ -8,9 +8,12 @@ into the loop and what it makes of what it saw, as objects (the run directory is
   batch plus rows of the audit's input-space canaries: each canary drawn in (probability
   1/2, the one-run design of Steinke, Nasr, Jagielski 2023, arXiv 2305.08846) joins each
   batch independently with the loader's Poisson rate q, as one more protected unit would. It
-  records every batch's size (the loader's rows plus the canaries') for the sampler check
-  against Binomial(N + members, q) (:func:`dpaudit.train.checks.batch_size_check`) and keeps
-  a uniform sample of the rows it saw (the member records the attacks score).
+  records the size of every batch trained on (the loader's rows plus the canaries') for the
+  sampler check against Binomial(N + members, q) (:func:`dpaudit.train.checks.batch_size_check`)
+  and keeps a uniform sample of the rows trained on (the member records the attacks score). A
+  batch counts, with its canary draws and its rows, at the optimizer step that follows it: one
+  drawn after the last step (a loop stopped mid-epoch, or the batch accelerate's
+  ``DataLoaderShard`` collates ahead of the one it yields) was never trained on.
 - :meth:`LoopObserver.wrap_optimizer` taps an Opacus ``DPOptimizer`` (Yousefpour et al. 2021,
   arXiv 2109.12298) in place: after its own ``add_noise`` (one release of DP-SGD), the tap
   counts the step, measures the noise the optimizer added (``p.grad - p.summed_grad``), and
@@ -304,7 +307,9 @@ class LoopObserver:
         self.num_units: int | None = None
         self.sample_rate: float | None = claim.sample_rate
         self.sampler = "unknown"
-        self.sizes: list[int] = []  # rows of every batch the loop drew, canaries included
+        self.sizes: list[int] = []  # rows of every batch the loop trained on, canaries included
+        self._pending: list[tuple[int, np.ndarray, list[np.ndarray]]] = []  # drawn, not stepped on: size, draws, rows
+        self._shard = None  # accelerate's DataLoaderShard, which collates one batch ahead of the one it yields
         self.canary_draws = np.zeros(len(self.canary_rows), dtype=np.int64)
         self.longest = max((int(r.numel()) for r in self.canary_rows), default=1)
         self._seen: set[int] = set()
@@ -345,6 +350,7 @@ class LoopObserver:
                              f"has {loader.num_workers}; set dataloader_num_workers=0)")
         self.wrap_loader(loader)
         target = getattr(loader, "base_dataloader", loader)  # accelerate's DataLoaderShard iterates its base loader
+        self._shard = loader if target is not loader else None
         collate = target.collate_fn
 
         def tapped(rows):
@@ -353,21 +359,31 @@ class LoopObserver:
         target.collate_fn = tapped
 
     def on_batch(self, batch):
-        """The batch with this step's canary rows; its size and a sample of its rows recorded."""
+        """The batch with this step's canary rows; its size, canary draws and rows pending until a step."""
         if not isinstance(batch, Mapping) or "input_ids" not in batch or not torch.is_tensor(batch["input_ids"]):
             raise InputError(f"the audit adds its canaries to batches that are mappings with an input_ids tensor (as "
                              f"a Hugging Face collator makes), got {type(batch).__name__}")
         rows, tokens = _rows_of(batch)
-        self._sample_members(tokens)
         drawn = np.flatnonzero(self._draws.random(len(self.canary_rows)) < self.sample_rate)
-        self.canary_draws[drawn] += 1
         out = append_rows(batch, [self.canary_rows[i] for i in drawn], pad_id=self.pad_id)
-        self.sizes.append(rows + len(drawn))
+        self._pending.append((rows + len(drawn), drawn, tokens))
         self.longest = max(self.longest, int(out["input_ids"].shape[1]) if rows or len(drawn) else 0)
         return out
 
+    def _commit(self) -> None:
+        """At an optimizer step: the batches drawn since the last step were trained on, but for
+        the one a ``DataLoaderShard`` collated ahead (it draws the next batch before it yields
+        one, except at the end of its pass); their sizes, canary draws and rows are recorded."""
+        ahead = self._shard is not None and not getattr(self._shard, "end_of_dataloader", True)
+        trained = self._pending[:len(self._pending) - 1] if ahead and self._pending else self._pending
+        self._pending = self._pending[len(trained):]
+        for size, drawn, tokens in trained:
+            self.sizes.append(size)
+            self.canary_draws[drawn] += 1
+            self._sample_members(tokens)
+
     def _sample_members(self, tokens: list[np.ndarray]) -> None:
-        """A uniform sample (reservoir) of the distinct rows seen: the members the attacks score."""
+        """A uniform sample (reservoir) of the distinct rows trained on: the members the attacks score."""
         for row in tokens:
             key = hash(row.tobytes())
             if key in self._seen:
@@ -432,6 +448,7 @@ class LoopObserver:
 
     def _released(self, optimizer, add_noise) -> None:
         """One noisy step of the optimizer (``add_noise``: Opacus's, None for a plain optimizer)."""
+        self._commit()
         self.steps += 1
         sums, flags, count = [], [], 0
         for p in self._params:
@@ -486,8 +503,9 @@ class LoopObserver:
             raise InputError("finish() needs the loop's loader and optimizer wrapped (audit.wrap_loader(loader), "
                              "audit.wrap_optimizer(optimizer)) before training")
         if not self.sizes or not self.steps:
-            raise InputError(f"finish() before any training step ({len(self.sizes)} batches drawn, {self.steps} "
-                             "optimizer steps): nothing to audit")
+            drawn = len(self.sizes) + len(self._pending)
+            raise InputError(f"finish() before any training step ({drawn} batches drawn, {self.steps} optimizer "
+                             "steps): nothing to audit")
         claim, q = self.claim, float(self.sample_rate)
         steps = claim.steps if claim.steps is not None else self.steps
         units = self.num_units + len(self.canary_rows)
