@@ -29,9 +29,13 @@ included ones to the member set, each as its own protected unit.
 
 Randomness: ``numpy.random.SeedSequence(seed, spawn_key=(crc32(set name),))`` is spawned
 into a content stream and an inclusion stream; canary ``i`` depends only on
-``(seed, set name, i)``. Keying by the set name means two sets generated with the same run
-seed (say ``random_secret`` and ``pii``) get independent secrets and independent inclusion
-draws, so their canaries can be pooled in one audit.
+``(seed, set name, i)``, so the first canaries of a larger set are those of a smaller one.
+One exception: a ``new_token`` set with ``secret.distinct`` deals its tokens out of one
+permutation of the pool, drawn from the content stream's child ``m`` (the one after the
+``m`` canaries' own), so there every canary's secret changes with the number of canaries
+``m`` (its template, prefix and inclusion do not). Keying by the set name means two sets
+generated with the same run seed (say ``random_secret`` and ``pii``) get independent secrets
+and independent inclusion draws, so their canaries can be pooled in one audit.
 """
 
 from __future__ import annotations
@@ -319,7 +323,10 @@ def make_canaries(
     ``secret.distinct`` deals its tokens out of one permutation of the pool instead, so no
     token is in two canaries and no canary trains another's token embeddings directly (one
     source of the interference between canaries that Keinan et al. 2025 find limits one-run
-    audits; on the demo model it is not the main one, see docs/ceilings.md). Inclusion is drawn
+    audits; on the demo model it is not the main one, see docs/ceilings.md); that permutation
+    depends on ``num_canaries``, so such a set's secrets are not those of a smaller set's
+    first canaries (every other draw of canary ``i`` depends only on the seed, the set name
+    and ``i``). Inclusion is drawn
     independently per canary with probability ``inclusion_prob`` (1/2 for the one-run audit
     of Steinke et al. 2023) from its own stream, so it is reproducible from ``seed`` (and
     the set name) and independent of the canary contents. ``repetitions`` (r >= 1) is

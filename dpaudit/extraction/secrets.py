@@ -5,12 +5,15 @@ candidate secret while ``|R| <= canaries.secrets.enumerate_limit``, else estimat
 skew-normal fit to ``canaries.secrets.sample_size`` sampled candidates; whether greedy
 decoding from its prefix emits the secret; and how many of ``extract.samples`` samples from
 the prefix do (:func:`by_repetitions` summarises them per repetition count, the controls
-as 0).
+as 0). A canary whose prefix and secret exceed ``data.max_length`` tokens (or the model's
+position table) is left out, as training cut its secret away: ``secrets_left_out`` says how
+many, which and why, and a warning says so.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 import zlib
 
 import numpy as np
@@ -19,7 +22,7 @@ from dpaudit.extraction.candidates import enumerated_exposure, padded_tokens, sa
 from dpaudit.extraction.continuations import encode_continuations, score_continuations
 from dpaudit.extraction.sampling import sample_continuations
 
-__all__ = ["by_repetitions", "secret_canaries"]
+__all__ = ["by_repetitions", "secret_canaries", "secret_lengths"]
 
 _SPACE_TOKENS: dict = {}  # the last secret space tokenised: (key, token lists), shared by the models of a run
 
@@ -30,6 +33,29 @@ def _split_secret(canary) -> tuple[str, str]:
     first digit)."""
     core = canary.prefix.rstrip()
     return core, canary.prefix[len(core):] + canary.secret
+
+
+def secret_lengths(tokenizer, secrets: list) -> list[int]:
+    """The tokens of each secret canary's prefix and secret: the longer of the scored
+    ``prefix + secret`` (:func:`encode_continuations`, with the BOS token) and the text as
+    training tokenises it (with the tokenizer's special tokens, before truncation to
+    ``data.max_length``)."""
+    if not secrets:
+        return []
+    split = [_split_secret(c) for c in secrets]
+    pre, tgt = encode_continuations(tokenizer, prefixes=[p for p, _ in split], targets=[t for _, t in split],
+                                    who="secret canaries")
+    trained = tokenizer([c.text for c in secrets])["input_ids"]
+    return [max(len(p) + len(t), len(ids)) for p, t, ids in zip(pre, tgt, trained)]
+
+
+def _left_out(secrets: list, lengths: list[int], limit: int, max_length: int) -> dict:
+    """``secrets_left_out`` of extraction.json: the canaries longer than ``limit`` tokens."""
+    out = [c.id for c, n in zip(secrets, lengths) if n > limit]
+    return {"num": len(out), "ids": out, "max_tokens": limit,
+            "reason": f"prefix + secret longer than {limit} tokens (data.max_length={max_length}"
+                      f"{'' if limit == max_length else ', or the model position table'}): "
+                      f"training cut the secret away"}
 
 
 def _encode_all(tokenizer, strings: list[str]) -> np.ndarray:
@@ -64,14 +90,35 @@ def _secret_tokens(tokenizer, prefix: str, lead: str, secrets: list[str], *, cac
 
 
 def secret_canaries(model, tokenizer, secrets: list, spec: dict | None, *, config) -> dict:
-    """``space_bits``, ``secret_set``, ``exposure_method``, ``canaries`` and ``by_repetitions``
-    of :data:`extraction.json <dpaudit.stages.extract>` for the run's secret canaries."""
+    """``space_bits``, ``secret_set``, ``exposure_method``, ``canaries``, ``by_repetitions``
+    and ``secrets_left_out`` of :data:`extraction.json <dpaudit.stages.extract>` for the
+    run's secret canaries. Canaries whose prefix and secret exceed ``data.max_length``
+    tokens (or the model's position table; :func:`secret_lengths`) are left out, with a
+    warning: training truncated their secret away, so their exposure would read as a
+    control's. ``secrets_left_out``: ``{"num", "ids", "max_tokens", "reason"}`` (None
+    without secret canaries)."""
     from dpaudit.canaries import sample_secrets, secret_space_size
     from dpaudit.progress import Progress
 
     if not secrets:
-        return {"space_bits": None, "secret_set": None, "exposure_method": None, "canaries": [], "by_repetitions": []}
+        return {"space_bits": None, "secret_set": None, "exposure_method": None, "canaries": [], "by_repetitions": [],
+                "secrets_left_out": None}
     sec, ex = config.canaries.secrets, config.extract
+    # as patient_secrets: a secret beyond data.max_length was truncated away in training
+    limit = config.data.max_length
+    positions = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if isinstance(positions, int):
+        limit = min(limit, positions)
+    lengths = secret_lengths(tokenizer, secrets)
+    left_out = _left_out(secrets, lengths, limit, config.data.max_length)
+    if left_out["num"]:
+        warnings.warn(f"secret canaries: {left_out['num']} of {len(secrets)} left out of the exposure measures, their "
+                      f"{left_out['reason']} (their lengths: {sorted(n for n in lengths if n > limit)} tokens)",
+                      UserWarning, stacklevel=2)
+        secrets = [c for c, n in zip(secrets, lengths) if n <= limit]
+    if not secrets:
+        return {"space_bits": None, "secret_set": spec["name"], "exposure_method": None, "canaries": [],
+                "by_repetitions": [], "secrets_left_out": left_out}
     size = secret_space_size(spec)
     exact = size <= sec.enumerate_limit
     space = secret_space(spec["secret"]["pattern"]) if exact else None
@@ -109,7 +156,7 @@ def secret_canaries(model, tokenizer, secrets: list, spec: dict | None, *, confi
     bar.close()
     return {"space_bits": math.log2(size), "secret_set": spec["name"],
             "exposure_method": "exact" if exact else "skewnorm", "canaries": rows,
-            "by_repetitions": by_repetitions(rows)}
+            "by_repetitions": by_repetitions(rows), "secrets_left_out": left_out}
 
 
 def by_repetitions(rows: list[dict]) -> list[dict]:

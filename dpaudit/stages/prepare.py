@@ -108,6 +108,7 @@ def prepare(rundir: RunDir, config: Config, seeds: dict[str, int]) -> None:
     add_canary_tokens(tokenizer, spec)
 
     secrets, secret_spec = make_secret_canaries(config, seed=seeds["canaries"], main_set=spec["name"])
+    check_secret_lengths(secrets, tokenizer, config)
 
     grouped = "group" in corpus.column_names
     candidates = [{"text": r["text"], "unit_id": r["unit_id"], "role": role, **({"group": r["group"]} if grouped else {})}
@@ -146,6 +147,31 @@ def make_secret_canaries(config: Config, *, seed: int, main_set: str) -> tuple[l
     secrets = [dataclasses.replace(c, repetitions=reps[i // sec.num], included=bool(inserted[i]))
                for i, c in enumerate(made)]
     return secrets, spec
+
+
+def check_secret_lengths(secrets: list, tokenizer, config: Config) -> None:
+    """Training cuts every row to ``data.max_length`` tokens, so a secret canary whose prefix
+    and secret are longer lost its secret (the extract stage leaves it out): an InputError
+    when that holds for every secret canary, a warning when for some."""
+    if not secrets:
+        return
+    from dpaudit.extraction.secrets import secret_lengths
+
+    limit = config.data.max_length
+    lengths = secret_lengths(tokenizer, secrets)
+    cut = sorted(n for n in lengths if n > limit)
+    if not cut:
+        return
+    name = config.canaries.secrets.set
+    if len(cut) == len(lengths):
+        raise InputError(
+            f"every secret canary of canaries.secrets.set={name!r} is longer than data.max_length={limit} tokens "
+            f"(prefix + secret: {cut[0]} to {cut[-1]} tokens as training tokenizes them), so training would cut "
+            f"every secret away: raise data.max_length to at least {cut[-1]} or use a set of shorter canaries "
+            f"(such as random_secret6)")
+    warnings.warn(f"{len(cut)} of {len(lengths)} secret canaries of canaries.secrets.set={name!r} are longer than "
+                  f"data.max_length={limit} tokens ({cut[0]} to {cut[-1]}): training cuts their secret away and the "
+                  f"extract stage leaves them out", UserWarning, stacklevel=2)
 
 
 def load_prepared(rundir: RunDir, config: Config, seeds: dict[str, int]) -> PreparedData:

@@ -206,3 +206,15 @@ def test_save_load_canaries(tmp_path):
     loaded, spec = load_canaries(path)
     assert loaded == cs and spec["kind"] == "new_token"
     assert int(__import__("json").loads(path.read_text())["secret_space_size"]) == C.secret_space_size(spec)
+
+
+def test_which_draws_stay_put_when_the_set_grows():
+    # the module docstring: canary i depends only on (seed, set name, i), except the secrets
+    # of a distinct new_token set, dealt out of one permutation that depends on the number
+    small = C.make_canaries(spec="new_token_pairs", num_canaries=10, seed=3)
+    large = C.make_canaries(spec="new_token_pairs", num_canaries=20, seed=3)
+    assert [(c.prefix, c.included) for c in small] == [(c.prefix, c.included) for c in large[:10]]
+    assert [c.secret for c in small] != [c.secret for c in large[:10]]
+    assert "changes with the number of canaries" in " ".join(C.__doc__.split())
+    small = C.make_canaries(spec="new_token", num_canaries=10, seed=3)
+    assert small == C.make_canaries(spec="new_token", num_canaries=20, seed=3)[:10]

@@ -146,3 +146,46 @@ def test_dpaudit_extract_measures_exposure_exactly(prepared, capsys):
     assert est["exposure_method"] == "skewnorm"
     assert all(r["rank"] is None and 0 <= r["exposure"] <= math.log2(1000) for r in est["canaries"])
     assert main(["extract", str(rundir.root)]) == 0 and "secret canaries x1" in capsys.readouterr().out
+
+
+def test_prepare_refuses_secret_canaries_that_training_always_truncates(tmp_path):
+    # pii canaries put their MRN at the end of a long record: at data.max_length=64 every one
+    # is cut in training, so none could measure memorization
+    config = config_for(tmp_path, "canaries.secrets.set=pii", "data.max_length=64")
+    rundir = RunDir(tmp_path / "run")
+    rundir.root.mkdir()
+    rundir.write_config(config)
+    with pytest.raises(InputError, match=r"data.max_length=64 tokens \(prefix \+ secret: \d+ to \d+ tokens"):
+        prepare(rundir, config, derive_seeds(config.seed))
+    assert not rundir.data_complete()
+
+
+def test_secret_canaries_cut_in_training_are_left_out(prepared):
+    import dataclasses
+
+    from dpaudit.extraction import secret_canaries
+    from dpaudit.models import build_model
+
+    rundir, config, data = prepared
+    tok = data.tokenizer
+    model = build_model(size="tiny", vocab_size=len(tok), bos_token_id=tok.bos_token_id,
+                        eos_token_id=tok.eos_token_id, seed=1)
+    lengths = [len(tok(c.text)["input_ids"]) for c in data.secrets]  # as training tokenizes them
+    limit = max(lengths) - 1
+    assert min(lengths) <= limit  # some canaries fit, some do not
+    cfg = dataclasses.replace(config, data=dataclasses.replace(config.data, max_length=limit))
+    # the left-out canaries are exactly those whose text training truncates at data.max_length
+    cut = [c.id for c in data.secrets if tok(c.text, truncation=True, max_length=limit)["input_ids"]
+           != tok(c.text)["input_ids"]]
+    assert cut
+    with pytest.warns(UserWarning, match=rf"{len(cut)} of 6 left out .*data.max_length={limit}"):
+        got = secret_canaries(model, tok, data.secrets, read_secrets(rundir)[1], config=cfg)
+    assert [r["id"] for r in got["canaries"]] == [c.id for c in data.secrets if c.id not in cut]
+    assert got["secrets_left_out"]["num"] == len(cut) and got["secrets_left_out"]["ids"] == cut
+    assert "cut the secret away" in got["secrets_left_out"]["reason"]
+    assert sum(g["num"] for g in got["by_repetitions"]) == 6 - len(cut)
+    # every one cut: nothing scored, the count still says why
+    cfg = dataclasses.replace(config, data=dataclasses.replace(config.data, max_length=min(lengths) - 1))
+    with pytest.warns(UserWarning, match="6 of 6 left out"):
+        none = secret_canaries(model, tok, data.secrets, read_secrets(rundir)[1], config=cfg)
+    assert none["canaries"] == [] and none["by_repetitions"] == [] and none["secrets_left_out"]["num"] == 6
