@@ -117,11 +117,12 @@ def test_report_has_a_model_entry_per_model(tiny_run):
     assert by_name["nonprivate"]["verdict"]["status"] == "no_claim"
     for name, eps in (("dp-eps2", 2.0), ("dp-eps8", 8.0)):
         assert by_name[name]["dp"]["epsilon"] == pytest.approx(eps, rel=1e-3)
-        # canaries repeated twice: every rung is held to the group's epsilon (4.7, 18.9), which even
-        # the white-box rung's 10^5 gradient canaries cannot reach, so the audit says so
+        # canaries repeated twice: the released canaries are held to the group's epsilon (4.7, 18.9),
+        # the twin's rungs (single canaries, trained at the per-unit claim) to the per-unit one, which
+        # the white-box rung's 10^5 gradient canaries can test: consistent
         verdict = by_name[name]["verdict"]
-        assert verdict["status"] == "inconclusive" and verdict["claimed_epsilon"] > 2 * eps
-        assert verdict["attack"] == "white_box" and by_name[name]["audit"]["ceiling"] <= verdict["claimed_epsilon"]
+        assert verdict["status"] == "consistent" and verdict["claimed_epsilon"] == pytest.approx(eps, rel=1e-3)
+        assert verdict["attack"] == "white_box" and by_name[name]["audit"]["ceiling"] > verdict["claimed_epsilon"]
         # secret canaries by repetition count, each inserted group with its guarantee (a group at note level)
         groups = {g["repetitions"]: g for g in by_name[name]["extraction"]["secrets"]["groups"]}
         assert groups[0]["epsilon"] is None and groups[1]["epsilon"] == pytest.approx(eps, rel=1e-3)

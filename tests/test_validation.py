@@ -144,6 +144,59 @@ def test_accounting_that_is_not_of_the_training_run_is_caught():
     assert accounting_mismatch(Record(**right), None) is None and accounting_mismatch(None, checks) is None
 
 
+def _sampler_checks(*, num_units, sample_rate, steps):
+    import numpy as np
+
+    from dpaudit.train.checks import batch_size_check
+
+    sizes = np.random.default_rng(0).binomial(num_units, sample_rate, size=steps)
+    batch = batch_size_check(sizes, num_units=num_units, sample_rate=sample_rate)
+    return {"batch_size": batch, "ok": batch["consistent"]}
+
+
+def test_accounting_with_the_right_expected_batch_and_the_wrong_rate_is_caught():
+    """q / 2 over 2N units (q computed from examples, the sampler sampled users): the same
+    expected batch q N, another rate; the sampler's q is 1 - variance / mean of its Binomial."""
+    from dpaudit.accounting import DpRecord
+    from dpaudit.audit.assess import Claim, accounting_mismatch, assess
+
+    n, q, steps = 1000, 0.1, 100
+    checks = _sampler_checks(num_units=n, sample_rate=q, steps=steps)
+    common = dict(trainer="x", noise_multiplier=1.0, steps=steps, delta=1e-5, max_grad_norm=1.0, unit="user",
+                  expected_batch_size=100)
+    honest = DpRecord.dpsgd(**common, sample_rate=q, num_units=n)
+    wrong = DpRecord.dpsgd(**common, sample_rate=q / 2, num_units=2 * n)
+    assert accounting_mismatch(honest, checks) is None
+    why = accounting_mismatch(wrong, checks)
+    assert why is not None and "0.05" in why and "0.1" in why
+    verdict = assess(bounds=[], claim=Claim.of_record(wrong), learned=True, checks=checks, record=wrong)
+    assert verdict.status == "violated" and why in verdict.reason
+    assert assess(bounds=[], claim=Claim.of_record(honest), learned=True, checks=checks,
+                  record=honest).status == "inconclusive"
+
+
+def test_a_record_whose_event_is_not_the_dp_sgd_of_its_own_fields_is_caught():
+    """Fields of T steps of Poisson DP-SGD, an event of T / 4 (an accountant stepped once per
+    4 optimizer steps): the claim is the event's, smaller than the fields' own."""
+    from dpaudit.accounting import DpRecord, make_event
+    from dpaudit.audit.assess import Claim, accounting_mismatch, assess
+
+    n, q, steps = 1000, 0.1, 100
+    checks = _sampler_checks(num_units=n, sample_rate=q, steps=steps)
+    honest = DpRecord.dpsgd(trainer="x", noise_multiplier=1.0, sample_rate=q, steps=steps, delta=1e-5,
+                            max_grad_norm=1.0, unit="user", num_units=n, expected_batch_size=100)
+    quarter = honest.replace(event=make_event(noise_multiplier=1.0, sample_rate=q, steps=steps // 4))
+    assert quarter.dpsgd_parameters is None and accounting_mismatch(honest, checks) is None
+    for given in (checks, None):  # the record against itself: no sampler checks needed
+        why = accounting_mismatch(quarter, given)
+        assert why is not None and "its event is not the DP-SGD of its own fields" in why
+    verdict = assess(bounds=[], claim=Claim.of_record(quarter), learned=True, checks=checks, record=quarter)
+    assert verdict.status == "violated" and "its event is not the DP-SGD of its own fields" in verdict.reason
+    # a record that states no DP-SGD fields (a third-party event) is not held to them
+    bare = DpRecord(trainer="x", event=quarter.event, delta=1e-5)
+    assert accounting_mismatch(bare, checks) is None
+
+
 def test_validate_isolates_its_canaries_unless_told_otherwise():
     """By default: prefix-free distinct new-token canaries, only the input embedding trains,
     by plain SGD at a small learning rate, and (with a base model) the one attack chosen in

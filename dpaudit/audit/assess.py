@@ -15,8 +15,8 @@
   the largest with the claim.
 - The verdict (:func:`dpaudit.audit.verdict.decide`) says violated, consistent,
   inconclusive or no claim; a trainer whose accounting is not of the training it ran (its
-  DP record against its sampler checks), or whose own checks failed, is violated whatever
-  the bounds say.
+  DP record against its own fields and its sampler checks, or against the gradient canaries
+  of a white-box rung), or whose own checks failed, is violated whatever the bounds say.
 
 Records are read by duck typing (:class:`dpaudit.accounting.DpRecord`'s ``private``,
 ``epsilon(delta)``, ``group_epsilon(r, delta)``, ``unit``, ``delta``, ``dpsgd_parameters``),
@@ -36,7 +36,7 @@ from dpaudit.audit.strategy import strategy_from_dict
 from dpaudit.audit.verdict import Status, Verdict, decide
 from dpaudit.errors import InputError
 
-__all__ = ["Claim", "accounting_mismatch", "assess", "ceilings"]
+__all__ = ["NOT_THE_CLAIMED_MECHANISM", "Claim", "accounting_mismatch", "assess", "ceilings"]
 
 
 @dataclass(frozen=True)
@@ -170,11 +170,30 @@ def _runs_ceiling(ref: BoundResult, *, delta: float, significance: float, strate
     return float(perfect.epsilon_clopper_pearson(delta=delta, significance=significance, strategy=strategy).epsilon)
 
 
+#: How the white-box rung words its refusal of gradient canaries that ran another (T, q) than
+#: the DP record claims (:func:`dpaudit.stages.ladder.white_box_rung`): evidence that the
+#: accounting is not of the run, which the report hands to :func:`assess` as a ``mismatch``.
+NOT_THE_CLAIMED_MECHANISM = "not the claimed mechanism"
+
+#: Relative tolerance of the comparisons of :func:`accounting_mismatch`.
+MISMATCH_RTOL = 1e-6
+
+
 def accounting_mismatch(record, checks: Mapping[str, Any] | None) -> str | None:
-    """How the DP record a trainer wrote differs from the sampling its own checks saw (the
-    number of steps, or the expected batch q N), or None when they agree or either is missing.
-    Accounting each gradient-accumulation micro-step as a step (rate q / k over k T steps) is
-    caught here: the sampler ran T steps of expected size q N."""
+    """How the DP record a trainer wrote differs from the training it describes, or None when
+    they agree or either is missing: a record of Poisson DP-SGD fields (sigma, q, T) whose
+    event is not the DP-SGD of those fields, or one whose number of steps, expected batch q N
+    or rate q differs from its sampler's (the sampler's checks: its Binomial(N, q) has mean N q
+    and variance N q (1 - q), so q = 1 - variance / mean). Accounting each gradient-accumulation
+    micro-step as a step (rate q / k over k T steps) is caught here, and so is a rate of
+    another unit (q / 2 over 2 N examples where the sampler drew q of N users)."""
+    if record is None:
+        return None
+    fields = [getattr(record, k, None) for k in ("noise_multiplier", "sample_rate", "steps")]
+    if getattr(record, "private", False) and None not in fields and record.dpsgd_parameters is None:
+        sigma, q, steps = fields
+        return (f"its event is not the DP-SGD of its own fields ({steps} steps at q = {q:.6g}, sigma = "
+                f"{sigma:.6g}), so its epsilon is not theirs")
     batch = (checks or {}).get("batch_size") or {}
     try:
         steps, q, n = int(record.steps), float(record.sample_rate), int(record.num_units)
@@ -183,19 +202,29 @@ def accounting_mismatch(record, checks: Mapping[str, Any] | None) -> str | None:
         return None
     if steps != ran_steps:
         return f"it accounts {steps} steps, and its sampler ran {ran_steps}"
-    if abs(q * n - ran_mean) > 1e-6 * max(1.0, ran_mean):
+    if abs(q * n - ran_mean) > MISMATCH_RTOL * max(1.0, ran_mean):
         return f"it accounts a sampling rate {q:.6g} (expected batch {q * n:.4g}), its sampler's expected batch was {ran_mean:.4g}"
+    try:
+        ran_q = 1.0 - float(batch["expected_variance"]) / ran_mean
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        return None
+    if abs(q - ran_q) > MISMATCH_RTOL * max(abs(q), abs(ran_q)):
+        return (f"it accounts a sampling rate {q:.6g} over {n} units, and its sampler drew at rate {ran_q:.6g} "
+                f"(the same expected batch {ran_mean:.4g})")
     return None
 
 
 def assess(*, bounds: Sequence[tuple[str, BoundResult]], claim: Claim, learned: bool | None,
            ceiling: float | None = None, checks: Mapping[str, Any] | None = None,
-           record=None, remedy: tuple[str, str] | None = None) -> Verdict:
+           record=None, remedy: tuple[str, str] | None = None, mismatch: str | None = None) -> Verdict:
     """The verdict of an audit (the module docstring). ``ceiling`` is the largest of
     :func:`ceilings` unless given; ``checks`` are the trainer's sampler and update checks
     (``train_checks.json``) and ``record`` its DP record. ``remedy`` = (what the ceiling is
     of, what to do), e.g. ("the ceiling of 8 runs per side", "add runs"), words the reason of
-    an audit whose ceiling is at or below the claim (default: its canaries, add canaries)."""
+    an audit whose ceiling is at or below the claim (default: its canaries, add canaries).
+    ``mismatch`` is how the accounting differs from the training as seen elsewhere (a
+    white-box rung refused as :data:`NOT_THE_CLAIMED_MECHANISM`): a violation, like
+    :func:`accounting_mismatch`'s."""
     if ceiling is None:
         ceiling = max(ceilings(bounds, claim=claim).values(), default=None)
     verdict = decide(bounds=bounds, claimed_epsilon=claim.claimed_epsilon, accountant_epsilon=claim.epsilon_at,
@@ -207,7 +236,7 @@ def assess(*, bounds: Sequence[tuple[str, BoundResult]], claim: Claim, learned: 
             f"epsilon {verdict.claimed_epsilon:.3f}; {remedy[1]}."))
     if verdict.status == Status.VIOLATED:
         return verdict
-    mismatch = accounting_mismatch(record, checks)
+    mismatch = accounting_mismatch(record, checks) or mismatch
     if mismatch:
         return dataclasses.replace(verdict, status=Status.VIOLATED,
                                    reason=f"the trainer's accounting is not of the training it ran: {mismatch}")

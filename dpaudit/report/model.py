@@ -21,7 +21,12 @@
   perfect attack on a run that keeps the claim), with the ``ceiling`` of its bound (every
   guess right); empty without one. With rungs, the verdict takes the released model's canary
   bounds and each other rung's bound (counted at the rung's significance), and its ceiling is
-  the largest of them all: the strongest rung is what could have seen a violation.
+  the largest of them all: the strongest rung is what could have seen a violation. With
+  canaries repeated at note level, the released canaries are held to the group's epsilon and
+  the other rungs (single canaries) to the per-unit one, each with its own ceiling: violated
+  when either is, at the union of their significances. A white-box rung refused because its
+  gradient canaries ran another (T, q) than the DP record claims is a violation: the
+  accounting is not of the run.
 """
 
 from __future__ import annotations
@@ -240,7 +245,7 @@ def _claim(privacy: str, dp: dict, record, repetitions: int):
     dp["group_epsilon"] = claim.epsilon
     return claim, (f"each canary is repeated {repetitions} times at note level, so the audit measures a group of "
                    f"{repetitions} notes: it is held to the group's epsilon {claim.epsilon:.3g}, not the per-note "
-                   f"{dp['epsilon']:.3g}")
+                   f"{dp['epsilon']:.3g} (which the ladder's other rungs, of single canaries, keep)")
 
 
 def _audit(bounds, verdict, ceilings: dict[str, float], ceiling: float | None) -> dict[str, Any]:
@@ -292,20 +297,62 @@ def _rung_bound(r):
     return r.bound if r.significance is None else dataclasses.replace(r.bound, significance=r.significance)
 
 
-def _with_rungs(bounds, rungs) -> tuple[list, list, tuple[str, str] | None]:
-    """(bounds, tests, remedy) of the verdict with the rungs that ran: the canary bounds (the
-    released rung's own tests) and each other rung's bound, in ``bounds`` at the rung's
-    significance (the union the verdict sums) and in ``tests`` as the test ran (at its share of
-    it: what its ceiling is of). Their ceiling is the testability ceiling (every guess right),
-    never a rung's ideal (what a perfect attack shows on a run that keeps its claim, below the
-    claim)."""
+def _parts(bounds, rungs, claim, record) -> list[tuple[list, list, Any, tuple[str, str] | None]]:
+    """The parts of the verdict, each (bounds, tests, claim, remedy), with the rungs that ran:
+    the canary bounds (the released rung's own tests) and each other rung's bound, in
+    ``bounds`` at the rung's significance (the union the verdict sums) and in ``tests`` as the
+    test ran (at its share of it: what its ceiling is of). Their ceiling is the testability
+    ceiling (every guess right), never a rung's ideal (what a perfect attack shows on a run that
+    keeps its claim, below the claim). One part, held to ``claim``; two when ``claim`` is a
+    group's (canaries repeated at note level): the released canaries held to it, and the other
+    rungs, single canaries in a twin trained at the per-unit claim, to the record's per-unit
+    claim."""
+    from dpaudit.audit import Claim
+
     ran = [r for r in rungs if r.bound is not None and r.rung != "released"]
-    pairs = list(bounds) + [(r.rung, _rung_bound(r)) for r in ran]
-    tests = list(bounds) + [(r.rung, r.bound) for r in ran]
     if not ran:
-        return pairs, tests, None
+        return [(list(bounds), list(bounds), claim, None)]
+    pairs, tests = [(r.rung, _rung_bound(r)) for r in ran], [(r.rung, r.bound) for r in ran]
     todo = "add canaries" if any(r.rung == "white_box" for r in ran) else "add canaries, or run the white-box rung"
-    return pairs, tests, ("the ceiling of its strongest rung", todo)
+    remedy = ("the ceiling of its strongest rung", todo)
+    if claim.group_size == 1:
+        return [(list(bounds) + pairs, list(bounds) + tests, claim, remedy)]
+    return [(list(bounds), list(bounds), claim, None), (pairs, tests, Claim.of_record(record), remedy)]
+
+
+def _mechanism_refusal(rungs) -> str | None:
+    """The refusal of a white-box rung whose gradient canaries ran another (T, q) than the DP
+    record claims: evidence that the accounting is not of the run (not its other refusals: a
+    failed inclusion check refuses honest runs at its p-value threshold)."""
+    from dpaudit.audit.assess import NOT_THE_CLAIMED_MECHANISM
+
+    return next((r.refused for r in rungs if r.rung == "white_box" and r.bound is None and r.refused
+                 and r.refused.endswith(NOT_THE_CLAIMED_MECHANISM)), None)
+
+
+def _verdict(parts, *, learned, checks, record, mismatch, warn):
+    """(verdict, ceilings, ceiling) of the parts of :func:`_parts`, each decided by
+    :func:`dpaudit.audit.assess` against its own claim and ceiling: violated when a part is,
+    else consistent when a part is, else inconclusive (the rungs' reason: the strongest rung is
+    what could have seen a violation), at the union of every part's significance."""
+    from dpaudit.audit import Status, assess, ceilings
+
+    verdicts, found = [], {}
+    for pairs, tests, claim, remedy in parts:
+        own = ceilings(tests, claim=claim, warn=warn)
+        for method, value in own.items():
+            found[method] = max(found.get(method, value), value)
+        verdicts.append(assess(bounds=pairs, claim=claim, learned=learned, ceiling=max(own.values(), default=None),
+                               checks=checks, record=record, remedy=remedy, mismatch=mismatch))
+    order = [Status.VIOLATED, Status.CONSISTENT, Status.INCONCLUSIVE, Status.NO_CLAIM]
+    verdict = min(reversed(verdicts), key=lambda v: order.index(v.status))
+    sigs = [v.significance for v in verdicts if v.significance is not None]
+    significance = min(1.0, sum(sigs)) if sigs else None
+    if significance != verdict.significance:  # the other part's tests count in the union too
+        verdict = dataclasses.replace(verdict, significance=significance, reason=(
+            f"{verdict.reason} The canaries' tests (held to the group's epsilon) and the rungs' (held to the "
+            f"per-unit epsilon) hold jointly at {1.0 - significance:.0%} confidence (union bound)."))
+    return verdict, found, max(found.values(), default=None)
 
 
 def _multi_run(result, warn) -> dict[str, Any] | None:
@@ -335,7 +382,7 @@ def _error(model: ModelSnapshot) -> str | None:
 def model_entry(model: ModelSnapshot, *, include_texts: bool, repetitions: int,
                 trainable: str) -> tuple[dict, list[str], dict, list, list, list]:
     """(entry, warnings, roc arrays, extraction rows, patient-secret rows, bound rows) of one model."""
-    from dpaudit.audit import assess, ceilings, fit_from_log, learned, rung_ceiling
+    from dpaudit.audit import fit_from_log, learned, rung_ceiling
 
     warnings: list[str] = []
     warn = warnings.append
@@ -372,11 +419,10 @@ def model_entry(model: ModelSnapshot, *, include_texts: bool, repetitions: int,
         patient_rows = [{"model": model.name, "field": field, **row} for row in patient_rows]
     raw_checks = model.checks if isinstance(model.checks, Mapping) else None
     rungs = _rungs(model.ladder, privacy, warn)
-    pairs, tests, remedy = _with_rungs(bounds, rungs)
-    found = ceilings(tests, claim=claim, warn=warn)
-    ceiling = max(found.values(), default=None)
-    verdict = assess(bounds=pairs, claim=claim, learned=utility["fit_training_rows"], ceiling=ceiling, checks=raw_checks,
-                     record=record, remedy=remedy)
+    parts = _parts(bounds, rungs, claim, record)
+    pairs = [pair for part in parts for pair in part[0]]
+    verdict, found, ceiling = _verdict(parts, learned=utility["fit_training_rows"], checks=raw_checks, record=record,
+                                       mismatch=_mechanism_refusal(rungs), warn=warn)
     if not pairs and error is None and privacy != "unknown":
         warn("no canary bounds (results/*.json has no canaries split): the DP claim could not be tested")
     if utility["initial_train_loss"] is None and privacy != "unknown" and log:

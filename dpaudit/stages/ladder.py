@@ -16,7 +16,8 @@ jointly (:mod:`dpaudit.audit.ladder`):
   calibrated reference attack on the twin's final model;
 - ``white_box``: ``audit.ladder.gradient_canaries`` Dirac gradient canaries inside the twin's
   DP-SGD run (:mod:`dpaudit.train.gradient_canaries`), scored from every step's noisy sum,
-  refused when their inclusions do not follow the claimed sampler.
+  refused when their inclusions do not follow the claimed sampler, or when they ran another
+  (T, q) than the DP record claims (then the model's verdict is violated).
 
 The twins are a run of their own in ``RUN/ladder/`` (resumable like any run); the rungs go
 to ``models/NAME/ladder.json``. A model whose trainer the toolkit cannot rerun (a user's own
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -283,9 +285,11 @@ def input_space_rung(twin: RunDir, config: Config, name: str) -> Rung:
 def white_box_rung(twin: RunDir, config: Config, name: str, *, delta: float | None = None) -> Rung:
     """The gradient canaries of model ``name`` of the run ``twin`` (``config``: that run's):
     the claimed-curve test at ``delta`` (default: the record's) at the guess fraction
-    pre-registered by simulating the claim, refused when their inclusions do not follow the
-    claimed sampler."""
+    pre-registered by simulating the claim, refused when they ran another (T, q) than the DP
+    record claims (:data:`~dpaudit.audit.assess.NOT_THE_CLAIMED_MECHANISM`, which the verdict
+    counts as a violation) or when their inclusions do not follow the claimed sampler."""
     from dpaudit.audit import BonferroniStrategy, CanaryScores
+    from dpaudit.audit.assess import MISMATCH_RTOL, NOT_THE_CLAIMED_MECHANISM
     from dpaudit.audit.gradient_canaries import inclusion_check
     from dpaudit.audit.ladder import choose_guess_fraction, ideal_bounds, rung_bound
     from dpaudit.stages.artifacts import read_gradient_canaries
@@ -302,14 +306,18 @@ def white_box_rung(twin: RunDir, config: Config, name: str, *, delta: float | No
 
     if canaries is None or record is None:
         return refused("the trainer ran no gradient canaries (train.dp.gradient_canaries)")
+    if record.dpsgd_parameters is None:
+        return refused("the trainer's DP record is not plain DP-SGD: no claimed curve to test")
+    # another (T, q) than the record's is evidence against the accounting (the verdict's
+    # violation, dpaudit.report.model), whatever the inclusion check says; a failed inclusion
+    # check is no evidence (it refuses honest runs at its p-value threshold)
+    if canaries.steps != record.steps or not math.isclose(canaries.sample_rate, record.sample_rate,
+                                                          rel_tol=MISMATCH_RTOL):
+        return refused(f"the gradient canaries ran {canaries.steps} steps at q = {canaries.sample_rate:.4g}, the "
+                       f"DP record claims {record.steps} at q = {record.sample_rate:.4g}: {NOT_THE_CLAIMED_MECHANISM}")
     consistent, detail = inclusion_check(canaries)
     if not consistent:
         return refused(f"the gradient canaries' inclusions do not follow the claimed sampler: {detail}")
-    if record.dpsgd_parameters is None:
-        return refused("the trainer's DP record is not plain DP-SGD: no claimed curve to test")
-    if (canaries.steps, canaries.sample_rate) != (record.steps, record.sample_rate):
-        return refused(f"the gradient canaries ran {canaries.steps} steps at q = {canaries.sample_rate:.4g}, the "
-                       f"DP record claims {record.steps} at q = {record.sample_rate:.4g}: not the claimed mechanism")
     start = time.perf_counter()
     sig = rung_significance(config)
     common = {"noise_multiplier": record.noise_multiplier, "sample_rate": record.sample_rate, "steps": record.steps}

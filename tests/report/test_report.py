@@ -504,6 +504,72 @@ def test_a_refused_rung_does_not_enter_the_verdict(tmp_path):
     assert "<b>included</b>" not in html
 
 
+def test_with_repeated_canaries_the_twin_rungs_keep_the_per_unit_claim(tmp_path):
+    """Canaries repeated r = 4 times at note level: the released canaries are held to the
+    group's epsilon, and the twin's rungs (single canaries, the twin trained at the per-unit
+    claim) to the per-unit epsilon; either violation is the model's, and the significance is
+    the union over both."""
+    from dpaudit.accounting import group_epsilon
+    from dpaudit.report.data import assemble
+
+    per_note = _claim_of_dp4()
+    group = group_epsilon(noise_multiplier=1.0, sample_rate=0.08, steps=10, delta=DELTA, group_size=4)
+
+    def model(root, white):
+        run = make_run(root, ladders={"dp4": [rung("released"), rung("input_space", refused="no twin"), white]})
+        data = json.loads((run.data_dir / "canaries.json").read_text())
+        for c in data["canaries"]:
+            c["repetitions"] = 4
+        write_json_atomic(run.data_dir / "canaries.json", data)
+        md = run.model("dp4")
+        shutil.rmtree(md.results_dir)  # a released bound between the per-note and the group's epsilon
+        _write_results(md, np.random.default_rng(3), shift=3.0, bound_eps=((per_note + group) / 2, 0.1))
+        return _model(assemble(read_snapshot(run)).report, "dp4")
+
+    high = rung("white_box", shift=8.0)
+    assert per_note < high.epsilon < group
+    m = model(tmp_path / "high", high)
+    assert m["verdict"]["status"] == "violated" and m["verdict"]["attack"] == "white_box"
+    assert m["verdict"]["claimed_epsilon"] == pytest.approx(per_note)
+    assert m["verdict"]["significance"] == pytest.approx(0.05 + 0.1)  # the canaries' two tests, then the rung
+    assert "jointly at 85% confidence" in m["verdict"]["reason"]
+    low = rung("white_box", shift=2.0)
+    assert low.epsilon < per_note
+    m = model(tmp_path / "low", low)  # the released bound is below the group's: no violation either way
+    assert m["verdict"]["status"] != "violated" and m["dp"]["group_epsilon"] == pytest.approx(group)
+    assert m["verdict"]["significance"] == pytest.approx(0.05 + 0.1)
+
+
+def test_a_white_box_rung_of_another_mechanism_is_a_violation(tmp_path):
+    """The white-box rung refused because its gradient canaries ran q = 0.1 under a record of
+    q = 0.05: direct evidence that the accounting is not of the run, so the verdict is violated
+    with the refusal as its reason; another refusal (the inclusion check) is not."""
+    from dpaudit.accounting import DpRecord
+    from dpaudit.audit.gradient_canaries import GradientCanaryRecord
+    from dpaudit.config import load_config
+    from dpaudit.stages.artifacts import write_training
+    from dpaudit.stages.ladder import white_box_rung
+    from dpaudit.train.record import TrainingRecord
+
+    rng = np.random.default_rng(1)
+    m_, steps = 2000, 100
+    included = rng.random(m_) < 0.5
+    inclusions = rng.binomial(steps, 0.1, size=m_) * included
+    canaries = GradientCanaryRecord(included=included, scores=inclusions + rng.normal(0, 10, size=m_),
+                                    inclusions=inclusions, steps=steps, sample_rate=0.1, max_grad_norm=1.0)
+    record = DpRecord.dpsgd(trainer="plugin", noise_multiplier=1.0, sample_rate=0.05, steps=steps, delta=1e-5,
+                            max_grad_norm=1.0, unit="user", num_units=2000, expected_batch_size=100)
+    twin = RunDir(tmp_path / "twin")
+    twin.model("dp4").root.mkdir(parents=True)
+    write_training(twin.model("dp4").root, TrainingRecord(dp=record, gradient_canaries=canaries))
+    white = white_box_rung(twin, load_config("tiny", overrides=["audit.ladder.trials=1"]), "dp4")
+    assert white.bound is None and "not the claimed mechanism" in white.refused
+    m = _model(_assembled(tmp_path, {"dp4": [rung("released"), rung("input_space", refused="no twin"), white]}),
+               "dp4")
+    assert m["verdict"]["status"] == "violated" and white.refused in m["verdict"]["reason"]
+    assert m["verdict"]["exit_code"] == 1
+
+
 def test_an_unreadable_ladder_is_said_and_left_out(tmp_path):
     run = make_run(tmp_path)
     run.model("dp4").ladder_path.write_text('{"schema_version": 1, "rungs": [{"rung": "telepathy"}]}')
