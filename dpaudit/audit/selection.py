@@ -6,9 +6,8 @@ One function per family of bound, each taking a frozen strategy object
 
 * :func:`select_guesses` -- one-run bounds (Steinke et al. 2023, arXiv 2305.08846;
   Mahloujifar et al. 2025, arXiv 2410.22235) and the claimed-curve test. The canaries are
-  ranked by score (:class:`Ranking`: ties by keys drawn per canary, or against the
-  guesser); a guess pair (k+, k-) guesses "in" for the k+
-  highest and "out" for the k- lowest.
+  ranked by score (:class:`Ranking`: ties by keys drawn per canary, or against the guesser);
+  a guess pair (k+, k-) guesses "in" for the k+ highest and "out" for the k- lowest.
 * :func:`select_threshold` -- threshold bounds (Jagielski et al. 2020, arXiv 2006.07709;
   Nasr et al. 2023, arXiv 2302.07956): "member" iff score > threshold.
 

@@ -141,9 +141,10 @@ class SecureGenerator(torch.Generator):
     nonce): word 13 = the draw's index within its step, words 14-15 = the step (64 bits,
     little-endian), word 12 = the block within the draw, from 0. :meth:`next_step` moves to the
     next step and every draw (:meth:`standard_normal`, :meth:`add_noise_`; :meth:`add_noise_all_`
-    draws once per parameter tensor on the CPU, once per device elsewhere) takes the next index, both only ever counting up, so no (key, nonce, counter) is used
-    twice in a run; a draw of more than 2^32 blocks (68 billion normals), a step of more than 2^32
-    draws, or 2^64 steps is refused rather than wrapped. A forked child draws a key of its own
+    draws once per parameter tensor on the CPU, once per device elsewhere) takes the next index,
+    both only ever counting up, so no (key, nonce, counter) is used twice in a run; a draw of
+    more than 2^32 blocks (68 billion normals), a step of more than 2^32 draws, or 2^64 steps is
+    refused rather than wrapped. A forked child draws a key of its own
     at its first draw (with its parent's key it would repeat its parent's noise).
 
     It is still a ``torch.Generator``: code that passes it to ``torch.randn`` (engines that draw
