@@ -35,3 +35,31 @@ def own_tmp():
     path = Path(tempfile.mkdtemp(prefix="dpaudit-test-"))
     yield path
     shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def canaries_of_another_q():
+    """A function that writes into a model directory a DP record of q = 0.05 (sigma 1, 100
+    steps) whose 2,000 gradient canaries ran q = 0.1: a trainer whose accounting is not of its
+    run. Returns the record."""
+    import numpy as np
+
+    from dpaudit.accounting import DpRecord
+    from dpaudit.audit.gradient_canaries import GradientCanaryRecord
+    from dpaudit.stages.artifacts import write_training
+    from dpaudit.train.record import TrainingRecord
+
+    def write(model_dir):
+        rng = np.random.default_rng(1)
+        m, steps = 2000, 100
+        included = rng.random(m) < 0.5
+        inclusions = rng.binomial(steps, 0.1, size=m) * included
+        canaries = GradientCanaryRecord(included=included, scores=inclusions + rng.normal(0, 10, size=m),
+                                        inclusions=inclusions, steps=steps, sample_rate=0.1, max_grad_norm=1.0)
+        record = DpRecord.dpsgd(trainer="plugin", noise_multiplier=1.0, sample_rate=0.05, steps=steps, delta=1e-5,
+                                max_grad_norm=1.0, unit="user", num_units=2000, expected_batch_size=100)
+        model_dir.mkdir(parents=True, exist_ok=True)
+        write_training(model_dir, TrainingRecord(dp=record, gradient_canaries=canaries))
+        return record
+
+    return write

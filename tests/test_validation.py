@@ -257,3 +257,30 @@ def test_full_batch_trains_every_unit_in_every_step(tmp_path, capsys):
                           "--full-batch", "--config", str(tmp_path / "steps.yaml"),
                           "--set", "train.dp.noise_multiplier=1.0", "--out", str(tmp_path / "w"))
     assert read_dp_record(RunDir(tmp_path / "w").model("validate")).steps == 3
+
+
+def test_validate_counts_gradient_canaries_of_another_mechanism_as_a_violation(tmp_path, canaries_of_another_q):
+    """validate's own verdict, as the report's: a plug-in whose gradient canaries ran q = 0.1
+    under a DP record of q = 0.05 (and no sampler checks to compare it with) is violated, with
+    the white-box rung's refusal as the reason."""
+    import numpy as np
+
+    from dpaudit.config import load_config
+    from dpaudit.rundir import RunDir
+    from dpaudit.stages.validate import MODEL, verdict_of
+
+    run = RunDir(tmp_path / "v")
+    run.root.mkdir(parents=True)
+    run.write_config(load_config("tiny", overrides=["audit.ladder.trials=1"]))
+    md = run.model(MODEL)
+    record = canaries_of_another_q(md.root)
+    rng = np.random.default_rng(0)
+    labels = rng.random(200) < 0.5
+    scores = rng.normal(0.0, 1.0, 200)  # input canaries that show nothing
+    metrics = {"auc": 0.5, "auc_ci": [0.4, 0.6], "tpr_at_fpr": {}, "balanced_accuracy": 0.5,
+               "num_in": int(labels.sum()), "num_out": int((~labels).sum())}
+    md.write_results("loss", params={}, splits={"canaries": (scores, labels, metrics)})
+    out = verdict_of(run, epsilon=record.epsilon(), delta=1e-5)
+    white = out["rungs"][1]
+    assert white["epsilon"] is None and "not the claimed mechanism" in white["refused"]
+    assert out["verdict"] == "violated" and white["refused"] in out["reason"] and out["exit_code"] == 1

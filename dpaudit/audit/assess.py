@@ -36,7 +36,8 @@ from dpaudit.audit.strategy import strategy_from_dict
 from dpaudit.audit.verdict import Status, Verdict, decide
 from dpaudit.errors import InputError
 
-__all__ = ["NOT_THE_CLAIMED_MECHANISM", "Claim", "accounting_mismatch", "assess", "ceilings"]
+__all__ = ["NOT_THE_CLAIMED_MECHANISM", "Claim", "accounting_mismatch", "assess", "ceilings",
+           "mechanism_refusal"]
 
 
 @dataclass(frozen=True)
@@ -174,6 +175,14 @@ def _runs_ceiling(ref: BoundResult, *, delta: float, significance: float, strate
 #: the DP record claims (:func:`dpaudit.stages.ladder.white_box_rung`): evidence that the
 #: accounting is not of the run, which the report hands to :func:`assess` as a ``mismatch``.
 NOT_THE_CLAIMED_MECHANISM = "not the claimed mechanism"
+
+def mechanism_refusal(rungs) -> str | None:
+    """The refusal of a white-box rung whose gradient canaries ran another (T, q) than the DP
+    record claims (:data:`NOT_THE_CLAIMED_MECHANISM`), for :func:`assess`'s ``mismatch``: not
+    its other refusals (a failed inclusion check refuses honest runs at its p-value threshold)."""
+    return next((r.refused for r in rungs if r.rung == "white_box" and r.bound is None and r.refused
+                 and r.refused.endswith(NOT_THE_CLAIMED_MECHANISM)), None)
+
 
 #: Relative tolerance of the comparisons of :func:`accounting_mismatch`.
 MISMATCH_RTOL = 1e-6

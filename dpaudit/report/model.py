@@ -320,16 +320,6 @@ def _parts(bounds, rungs, claim, record) -> list[tuple[list, list, Any, tuple[st
     return [(list(bounds), list(bounds), claim, None), (pairs, tests, Claim.of_record(record), remedy)]
 
 
-def _mechanism_refusal(rungs) -> str | None:
-    """The refusal of a white-box rung whose gradient canaries ran another (T, q) than the DP
-    record claims: evidence that the accounting is not of the run (not its other refusals: a
-    failed inclusion check refuses honest runs at its p-value threshold)."""
-    from dpaudit.audit.assess import NOT_THE_CLAIMED_MECHANISM
-
-    return next((r.refused for r in rungs if r.rung == "white_box" and r.bound is None and r.refused
-                 and r.refused.endswith(NOT_THE_CLAIMED_MECHANISM)), None)
-
-
 def _verdict(parts, *, learned, checks, record, mismatch, warn):
     """(verdict, ceilings, ceiling) of the parts of :func:`_parts`, each decided by
     :func:`dpaudit.audit.assess` against its own claim and ceiling: violated when a part is,
@@ -383,6 +373,7 @@ def model_entry(model: ModelSnapshot, *, include_texts: bool, repetitions: int,
                 trainable: str) -> tuple[dict, list[str], dict, list, list, list]:
     """(entry, warnings, roc arrays, extraction rows, patient-secret rows, bound rows) of one model."""
     from dpaudit.audit import fit_from_log, learned, rung_ceiling
+    from dpaudit.audit.assess import mechanism_refusal
 
     warnings: list[str] = []
     warn = warnings.append
@@ -422,7 +413,7 @@ def model_entry(model: ModelSnapshot, *, include_texts: bool, repetitions: int,
     parts = _parts(bounds, rungs, claim, record)
     pairs = [pair for part in parts for pair in part[0]]
     verdict, found, ceiling = _verdict(parts, learned=utility["fit_training_rows"], checks=raw_checks, record=record,
-                                       mismatch=_mechanism_refusal(rungs), warn=warn)
+                                       mismatch=mechanism_refusal(rungs), warn=warn)
     if not pairs and error is None and privacy != "unknown":
         warn("no canary bounds (results/*.json has no canaries split): the DP claim could not be tested")
     if utility["initial_train_loss"] is None and privacy != "unknown" and log:

@@ -122,6 +122,7 @@ def verdict_of(rundir: RunDir, *, epsilon: float, delta: float) -> dict[str, Any
     sampler checks): two rungs of the threat-model ladder, each at half the significance, which
     also go to the model's ``ladder.json`` for its report."""
     from dpaudit.audit import CanaryScores, Claim, assess, claimed_curve_bound, learned, rung_ceiling
+    from dpaudit.audit.assess import mechanism_refusal
     from dpaudit.stages.attack import claimed_family
     from dpaudit.stages.ladder import canary_rung, train_seconds, white_box_rung
 
@@ -154,7 +155,7 @@ def verdict_of(rundir: RunDir, *, epsilon: float, delta: float) -> dict[str, Any
     claim = Claim.stated(epsilon=epsilon, delta=delta, family=family)
     verdict = assess(bounds=bounds, claim=claim,
                      learned=learned(initial_loss=initial, final_loss=final, trainable=config.model.trainable),
-                     checks=checks, record=record)
+                     checks=checks, record=record, mismatch=mechanism_refusal(rungs))
     out = {k: v for k, v in verdict.to_dict().items() if k in JSON_KEYS}
     return {"verdict": verdict.status.value, **out, "claimed_epsilon": epsilon, "delta": delta,
             "exit_code": verdict.exit_code,

@@ -540,28 +540,15 @@ def test_with_repeated_canaries_the_twin_rungs_keep_the_per_unit_claim(tmp_path)
     assert m["verdict"]["significance"] == pytest.approx(0.05 + 0.1)
 
 
-def test_a_white_box_rung_of_another_mechanism_is_a_violation(tmp_path):
+def test_a_white_box_rung_of_another_mechanism_is_a_violation(tmp_path, canaries_of_another_q):
     """The white-box rung refused because its gradient canaries ran q = 0.1 under a record of
     q = 0.05: direct evidence that the accounting is not of the run, so the verdict is violated
     with the refusal as its reason; another refusal (the inclusion check) is not."""
-    from dpaudit.accounting import DpRecord
-    from dpaudit.audit.gradient_canaries import GradientCanaryRecord
     from dpaudit.config import load_config
-    from dpaudit.stages.artifacts import write_training
     from dpaudit.stages.ladder import white_box_rung
-    from dpaudit.train.record import TrainingRecord
 
-    rng = np.random.default_rng(1)
-    m_, steps = 2000, 100
-    included = rng.random(m_) < 0.5
-    inclusions = rng.binomial(steps, 0.1, size=m_) * included
-    canaries = GradientCanaryRecord(included=included, scores=inclusions + rng.normal(0, 10, size=m_),
-                                    inclusions=inclusions, steps=steps, sample_rate=0.1, max_grad_norm=1.0)
-    record = DpRecord.dpsgd(trainer="plugin", noise_multiplier=1.0, sample_rate=0.05, steps=steps, delta=1e-5,
-                            max_grad_norm=1.0, unit="user", num_units=2000, expected_batch_size=100)
     twin = RunDir(tmp_path / "twin")
-    twin.model("dp4").root.mkdir(parents=True)
-    write_training(twin.model("dp4").root, TrainingRecord(dp=record, gradient_canaries=canaries))
+    canaries_of_another_q(twin.model("dp4").root)
     white = white_box_rung(twin, load_config("tiny", overrides=["audit.ladder.trials=1"]), "dp4")
     assert white.bound is None and "not the claimed mechanism" in white.refused
     m = _model(_assembled(tmp_path, {"dp4": [rung("released"), rung("input_space", refused="no twin"), white]}),
