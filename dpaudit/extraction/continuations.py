@@ -31,6 +31,7 @@ __all__ = [
     "greedy_extracted",
     "k_extractable",
     "score_continuations",
+    "trained_token_limit",
 ]
 
 
@@ -142,6 +143,13 @@ def _greedy_match(
     """True where greedy decoding from ``prefixes[i]`` emits exactly ``targets[i]``
     (see :func:`_teacher_forced`)."""
     return _teacher_forced(model, prefixes, targets, batch_size=batch_size, device=device).extracted
+
+
+def trained_token_limit(model, max_length: int) -> int:
+    """The most tokens of a text that training saw: ``max_length`` (``data.max_length``), or
+    the model's position table when it is shorter. A prefix and target beyond it were cut."""
+    positions = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    return min(max_length, positions) if isinstance(positions, int) else max_length
 
 
 def encode_continuations(

@@ -22,7 +22,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from dpaudit.extraction.continuations import encode_continuations, score_continuations
+from dpaudit.extraction.continuations import encode_continuations, score_continuations, trained_token_limit
 from dpaudit.extraction.records import pii_notes
 
 __all__ = ["MAX_NOTES_PER_GROUP", "PATIENT_FIELD", "SAMPLE_SEED", "mrn_notes", "patient_groups", "patient_secrets"]
@@ -86,10 +86,7 @@ def patient_secrets(model, tokenizer, notes: list[dict], *, max_length: int, bat
     model's position table) are left out before grouping."""
     pre, tgt = encode_continuations(tokenizer, prefixes=[n["prefix"] for n in notes],
                                     targets=[n["target"] for n in notes], who="patient_secrets")
-    limit = max_length
-    positions = getattr(getattr(model, "config", None), "max_position_embeddings", None)
-    if isinstance(positions, int):
-        limit = min(limit, positions)
+    limit = trained_token_limit(model, max_length)
     fits = [i for i in range(len(notes)) if len(pre[i]) + len(tgt[i]) <= limit]
     notes = [notes[i] for i in fits]
     pre, tgt = [pre[i] for i in fits], [tgt[i] for i in fits]

@@ -19,7 +19,7 @@ import zlib
 import numpy as np
 
 from dpaudit.extraction.candidates import enumerated_exposure, padded_tokens, sampled_exposure, secret_space
-from dpaudit.extraction.continuations import encode_continuations, score_continuations
+from dpaudit.extraction.continuations import encode_continuations, score_continuations, trained_token_limit
 from dpaudit.extraction.sampling import sample_continuations
 
 __all__ = ["by_repetitions", "secret_canaries", "secret_lengths"]
@@ -105,10 +105,7 @@ def secret_canaries(model, tokenizer, secrets: list, spec: dict | None, *, confi
                 "secrets_left_out": None}
     sec, ex = config.canaries.secrets, config.extract
     # as patient_secrets: a secret beyond data.max_length was truncated away in training
-    limit = config.data.max_length
-    positions = getattr(getattr(model, "config", None), "max_position_embeddings", None)
-    if isinstance(positions, int):
-        limit = min(limit, positions)
+    limit = trained_token_limit(model, config.data.max_length)
     lengths = secret_lengths(tokenizer, secrets)
     left_out = _left_out(secrets, lengths, limit, config.data.max_length)
     if left_out["num"]:
