@@ -3,6 +3,7 @@
     OMP_NUM_THREADS=1 python benchmarks/profile_dp_step.py [--size small] [--batch 16] [--steps 6]
     OMP_NUM_THREADS=1 python benchmarks/profile_dp_step.py --stages [--rounds 15]
     OMP_NUM_THREADS=1 python benchmarks/profile_dp_step.py --floor [--rounds 15]
+    python benchmarks/profile_dp_step.py --launches [--size gpt2] [--batch 2]
 
 Profiles (``torch.profiler``, CPU self time) the bench's workload (:mod:`dpaudit.bench.workload`:
 a GPT-2-style model of ``--size``, ``--batch`` random sequences of 128 tokens) under the
@@ -38,6 +39,12 @@ rounds with both steps, what each design must do:
 
 each plus the noise. Every part runs at its best case, its inputs warm; the LayerNorm closed
 form, the bias sums and the tied embedding's rows count as free: each floor is a lower bound.
+
+With ``--launches``, the operations of one step of each engine (with its AdamW step) after a
+warm-up, counted by a ``TorchDispatchMode``: those that compute, each a kernel launch on an
+accelerator, and the views and other metadata operations, which launch nothing. Where a step's
+kernels are small (GPT-2 124M at 16 x 128 tokens on a GPU), the launches set its time rather
+than the flops; the count depends on the model's depth and the engine, not on the batch.
 """
 
 from __future__ import annotations
@@ -191,6 +198,42 @@ def floor(*, size: str, batch: int, rounds: int) -> dict[str, float]:
     return ms
 
 
+class _Count(TorchDispatchMode):
+    """Counts the aten operations that run inside it: ``computing`` (a kernel on an
+    accelerator) and ``metadata`` (views and in-place shape changes: no kernel)."""
+
+    METADATA = frozenset({"squeeze_", "unsqueeze_", "t_", "transpose_", "as_strided_", "detach_"})
+
+    def __init__(self):
+        super().__init__()
+        self.computing: dict[str, int] = defaultdict(int)
+        self.metadata = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.is_view or func.overloadpacket.__name__ in self.METADATA:
+            self.metadata += 1
+        else:
+            self.computing[str(func.overloadpacket.__name__)] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def launches(*, size: str, batch: int) -> dict[str, dict]:
+    """Per engine (non-private, DP-SGD): the operations of one step after a warm-up step."""
+    counts = {}
+    for name in ("nonprivate", "dpsgd"):
+        step, engine = stepper(name, size=size, batch=batch)
+        try:
+            step()
+            with _Count() as count:
+                step()
+        finally:
+            if hasattr(engine, "close"):
+                engine.close()
+        counts[name] = {"computing": sum(count.computing.values()), "metadata": count.metadata,
+                        "by operator": dict(count.computing)}
+    return counts
+
+
 # the DP engine's methods timed by --stages (a method's time includes the methods it calls)
 STAGES = {
     "micro-batch": (GhostClippingEngine, "_microbatch"),
@@ -275,9 +318,20 @@ def main() -> None:
     parser.add_argument("--floor", action="store_true", help="the least the DP step can cost here (docstring)")
     parser.add_argument("--stages", action="store_true", help="the DP step by stage, unprofiled (docstring)")
     parser.add_argument("--rounds", type=int, default=15, help="with --floor or --stages: interleaved rounds")
+    parser.add_argument("--launches", action="store_true", help="operations per step, kernels and views (docstring)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     keep_freed_memory()  # as the command line runs: freed tensors kept for the next step
+    if args.launches:
+        counts = launches(size=args.size, batch=args.batch)
+        for name, count in counts.items():
+            print(f"{name:<12} computing {count['computing']:>6}   metadata {count['metadata']:>6}")
+        extra = {op: counts["dpsgd"]["by operator"].get(op, 0) - counts["nonprivate"]["by operator"].get(op, 0)
+                 for op in set(counts["dpsgd"]["by operator"]) | set(counts["nonprivate"]["by operator"])}
+        print("computing operations the DP step adds, by operator:")
+        for op in sorted(extra, key=lambda op: -abs(extra[op]))[: args.top]:
+            print(f"  {op:<38} {extra[op]:>+6}")
+        return
     if args.floor or args.stages:
         ms = (floor if args.floor else stages)(size=args.size, batch=args.batch, rounds=args.rounds)
         for name, value in ms.items():

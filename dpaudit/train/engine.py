@@ -245,7 +245,9 @@ class GradientEngine:
         return summed
 
     def normalize(self, noisy: dict[str, Tensor], realised_batch_size: int) -> dict[str, Tensor]:
-        return {name: g / self.expected_batch_size for name, g in noisy.items()}
+        # in place, as add_noise: the sums are this step's own (one operation for all of them)
+        torch._foreach_div_(list(noisy.values()), float(self.expected_batch_size))
+        return noisy
 
     def close(self) -> None:
         """Undo what the engine changed on the model."""
@@ -253,7 +255,18 @@ class GradientEngine:
     # -- helpers -------------------------------------------------------------
 
     def zeros(self) -> dict[str, Tensor]:
-        return {name: torch.zeros_like(p, dtype=torch.float32) for name, p in self.params.items()}
+        """A float32 zero sum per parameter: views of one buffer per device (one allocation
+        and one fill, not one per parameter)."""
+        by_device: dict[torch.device, list[str]] = {}
+        for name, p in self.params.items():
+            by_device.setdefault(p.device, []).append(name)
+        zeros: dict[str, Tensor] = {}
+        for device, names in by_device.items():
+            shapes = [self.params[name].shape for name in names]
+            flat = torch.zeros(sum(shape.numel() for shape in shapes), dtype=torch.float32, device=device)
+            for name, shape, part in zip(names, shapes, flat.split([shape.numel() for shape in shapes])):
+                zeros[name] = part.view(shape)
+        return {name: zeros[name] for name in self.params}
 
     def microbatches(self, items: list, size: int | None = None) -> Iterable[list]:
         size = size or self.microbatch_size

@@ -319,15 +319,20 @@ class GhostClippingEngine(DPSGDEngine):
         self._rows = len(sequences)
         layout = _Layout.of([len(unit) for unit in chunk], self.device)
         uses = self._forward_backward(batch, stats)
-        norms2, materialized, factors = self._norms(uses, layout, tokens=max(len(u) for u in chunk) * batch.input_ids.shape[1])
+        norms2, vectors, materialized, factors = self._norms(
+            uses, layout, tokens=max(len(u) for u in chunk) * batch.input_ids.shape[1])
         norms = norms2.sqrt()
         clip = self.clip_factors(norms)
         with torch.no_grad():
+            if vectors:  # one product for every vector parameter, added to their sums at once
+                names, rows = zip(*vectors.items())
+                summed = (clip @ torch.cat(rows, 1)).split([r.shape[1] for r in rows])
+                torch._foreach_add_([total[n] for n in names], [s.view(total[n].shape) for n, s in zip(names, summed)])
             for name, g in materialized.items():
                 total[name] += (clip @ g.reshape(g.shape[0], -1)).view(g.shape[1:])
             row_clip = clip[layout.row_unit]
             for name, parts in factors.items():
-                total[name] += self._clipped_factor_sum(parts, row_clip, self.params[name].shape)
+                self._add_clipped_factor_sum(parts, row_clip, total[name])
         self.record_norms(norms, stats, which)
 
     # -- forward and backward with hooks ------------------------------------------------
@@ -444,28 +449,33 @@ class GhostClippingEngine(DPSGDEngine):
         return out
 
     def _norms(self, uses: list[_Use], layout: _Layout, *, tokens: int):
-        """Squared per-unit norms (K,), per-unit gradients of the materialized parameters and
-        the factors of the ghosted ones."""
+        """Squared per-unit norms (K,); the per-unit gradients of the vector parameters (biases,
+        normalization gains, a generic module's own), flat (K, numel); those of the materialized
+        weights (K, R, C); and the factors of the ghosted ones. The vectors' norms come from one
+        reduction over all of them, and their clipped sum from one product (few operations
+        whatever the depth: on an accelerator each is a kernel launch)."""
         dtype = self.autocast_dtype or torch.float32
         norms2 = torch.zeros(layout.num_units, dtype=torch.float32, device=self.device)
+        vectors: dict[str, Tensor] = {}
         materialized: dict[str, Tensor] = {}
         ghosted: dict[str, list[_Factor]] = {}
+        grams: list[list[Tensor]] = [[] for _ in layout.groups]  # the ghosted layers' squared norms, per unit size
         by_module: dict[nn.Module, list[_Use]] = {}
         for use in uses:
             if use.grad is None:  # the output did not reach the loss: zero gradient
                 continue
             by_module.setdefault(use.module, []).append(use)
 
-        def add_rows(name: str, rows: Tensor) -> None:
+        def add(into: dict[str, Tensor], name: str, rows: Tensor) -> None:
             units = layout.to_units(rows)
-            materialized[name] = units if name not in materialized else materialized[name] + units
+            into[name] = units if name not in into else into[name] + units
 
         with torch.no_grad():
             for module, module_uses in by_module.items():
                 if self.kinds[module] == "generic":
                     for use in module_uses:
                         for name, rows in self._generic_rows(use).items():
-                            add_rows(name, rows)
+                            add(vectors, name, rows.flatten(1))
             for pid, holders in self._holders.items():
                 if self.kinds[holders[0][0]] == "generic":
                     continue  # done above (a generic module's own parameters)
@@ -474,7 +484,7 @@ class GhostClippingEngine(DPSGDEngine):
                 if not parts:
                     continue
                 if holders[0][1] == "bias":
-                    add_rows(name, sum(parts))
+                    add(vectors, name, sum(parts).flatten(1))
                     continue
                 shape = self.params[name].shape
                 # mixed: materialize when the per-example gradient is no larger than what book-keeping
@@ -482,7 +492,7 @@ class GhostClippingEngine(DPSGDEngine):
                 held = sum(tokens * (1 if f.onehot else f.u.shape[-1]) + tokens * f.v.shape[-1] for f in parts)
                 ghost = self.layers == "ghost" or (self.layers == "mixed" and shape[0] * shape[1] > held)
                 if not ghost:
-                    add_rows(name, self._materialize(parts, shape))
+                    add(materialized, name, self._materialize(parts, shape))
                     continue
                 ghosted[name] = parts
                 laid = [(layout.sequences(f.u), layout.sequences(f.v),
@@ -490,13 +500,18 @@ class GhostClippingEngine(DPSGDEngine):
                 for i, a in enumerate(parts):
                     for j in range(i, len(parts)):
                         for group in range(len(layout.groups)):
-                            (units, ua), (_, va), (_, ma) = (x[group] for x in laid[i])
+                            (_, ua), (_, va), (_, ma) = (x[group] for x in laid[i])
                             (_, ub), (_, vb), (_, mb) = (x[group] for x in laid[j])
                             value = _gram(a, parts[j], ua, ub, va, vb, ma, mb, dtype)
-                            norms2.index_add_(0, units, value if i == j else 2 * value)
+                            grams[group].append(value if i == j else 2 * value)
+            for (units, _, _), values in zip(layout.groups, grams):  # one addition per unit size
+                if values:
+                    norms2.index_add_(0, units, torch.stack(values).sum(0))
+            if vectors:
+                norms2 += torch.cat(list(vectors.values()), 1).square().sum(1)
             for g in materialized.values():
                 norms2 += torch.linalg.vector_norm(g.reshape(g.shape[0], -1), dim=1).square()
-        return norms2, materialized, ghosted
+        return norms2, vectors, materialized, ghosted
 
     def _generic_rows(self, use: _Use) -> dict[str, Tensor]:
         """Per-row gradients of a generic module's own parameters: vmap over the rows of the
@@ -540,8 +555,9 @@ class GhostClippingEngine(DPSGDEngine):
 
     # -- the clipped sum ------------------------------------------------------------------
 
-    def _clipped_factor_sum(self, parts: list[_Factor], row_clip: Tensor, shape: torch.Size) -> Tensor:
-        """sum_i c_i sum_t u_it v_it^T over every use of a ghosted parameter (book-keeping)."""
+    def _add_clipped_factor_sum(self, parts: list[_Factor], row_clip: Tensor, out: Tensor) -> None:
+        """Add sum_i c_i sum_t u_it v_it^T over every use of a ghosted parameter to ``out``
+        (book-keeping): one product over the micro-batch's tokens per use."""
         dtype = self.autocast_dtype or torch.float32
         if dtype != torch.float32:
             # the norm came from Gram matrices and the sum comes from another product, both in
@@ -549,15 +565,17 @@ class GhostClippingEngine(DPSGDEngine):
             # (1 - 2^-7) c_i, so that a unit's clipped gradient stays within C (clipping below C
             # is sound; the two products disagree by about 3e-4)
             row_clip = row_clip * (1 - 2**-7)
-        out = torch.zeros(shape, dtype=torch.float32, device=self.device)
         for f in parts:
             v = f.v.to(dtype) * row_clip.to(dtype)[:, None, None]
             if f.onehot:
                 index, values = f.rows(v)
                 out.index_add_(0, index, values.float())
+                continue
+            u, v = f.u.to(dtype).flatten(0, 1), v.flatten(0, 1)
+            if u.dtype == out.dtype:
+                out.addmm_(u.T, v)
             else:
-                out += torch.einsum("btr,btc->rc", f.u.to(dtype), v).float()
-        return out
+                out += (u.T @ v).float()
 
 
 # the methods that compute per-unit gradients and their clipped sum: an engine that overrides
