@@ -77,8 +77,10 @@ def _secret_summary(ext: Mapping) -> dict[str, Any]:
                  "exposure": num(c.get("exposure")), "rank": num(c.get("rank")), "extracted": bool(c.get("extracted")),
                  "sampled_hits": integer(c.get("sampled_hits")), "samples": integer(c.get("samples"))}
                 for c in ext.get("canaries") or [] if isinstance(c, Mapping)]
+        left_out = ext.get("secrets_left_out") if isinstance(ext.get("secrets_left_out"), Mapping) else {}
         out["secrets"] = {"space_bits": num(ext.get("space_bits")), "secret_set": str(ext.get("secret_set")),
-                          "exposure_method": str(ext.get("exposure_method")), "groups": groups, "canaries": rows}
+                          "exposure_method": str(ext.get("exposure_method")), "groups": groups, "canaries": rows,
+                          "left_out": integer(left_out.get("num")) or 0, "left_out_max_tokens": integer(left_out.get("max_tokens"))}
     pii = ext.get("pii")
     if isinstance(pii, Mapping):
         out["pii"] = {role: {f: {"num": integer(v.get("num")), "extracted": integer(v.get("extracted")),

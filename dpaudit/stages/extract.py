@@ -53,8 +53,8 @@ from dpaudit.rundir import ModelDir, RunDir
 from dpaudit.stages.artifacts import read_canaries, read_secrets, read_tokenizer
 
 #: The keys of each model in ``dpaudit extract --json`` (the whole file is in extraction.json).
-JSON_KEYS = ("space_bits", "secret_set", "exposure_method", "canaries", "by_repetitions", "pii", "k_extractable",
-             "included_extracted", "included_total", "excluded_extracted", "excluded_total")
+JSON_KEYS = ("space_bits", "secret_set", "exposure_method", "canaries", "by_repetitions", "secrets_left_out", "pii",
+             "k_extractable", "included_extracted", "included_total", "excluded_extracted", "excluded_total")
 
 
 def extract_model(rundir: RunDir, config, md: ModelDir, *, force: bool = False, tokenizer=None) -> dict:

@@ -671,3 +671,18 @@ def test_utility_axis_turns_logarithmic_when_the_base_model_is_far_off(built):
     for m in report["models"]:
         m["utility"]["initial_heldout_perplexity"] = 2000.0
     assert utility(report).axes[0].get_yscale() == "log"
+
+
+def test_secret_canaries_cut_in_training_are_counted_under_their_table(tmp_path):
+    run = make_run(tmp_path)
+    md = run.model("dp4")
+    ext = md.read_extraction()
+    ext.update(space_bits=10.0, secret_set="code3", exposure_method="exact", canaries=[],
+               by_repetitions=[{"repetitions": 1, "num": 2, "mean_exposure": 1.0, "median_exposure": 1.0,
+                                "extracted": 0.0, "extracted_sampled": 0.0}],
+               secrets_left_out={"num": 3, "ids": ["s1", "s2", "s3"], "max_tokens": 24, "reason": "cut"})
+    md.write_extraction(ext)
+    report = build_report(run.root)
+    assert _model(report, "dp4")["extraction"]["secrets"]["left_out"] == 3
+    html = run.report_html.read_text()
+    assert "dp4: 3 secret canaries left out of this table: prefix and secret are longer than 24 tokens" in html

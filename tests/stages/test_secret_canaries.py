@@ -114,6 +114,7 @@ def test_dpaudit_extract_measures_exposure_exactly(prepared, capsys):
     got = out["models"]["nonprivate"]
     assert got == {k: v for k, v in rundir.model("nonprivate").read_extraction().items() if k in got}
     assert got["space_bits"] == pytest.approx(math.log2(1000)) and got["exposure_method"] == "exact"
+    assert got["secrets_left_out"]["num"] == 0  # every secret fits data.max_length
     rows = got["canaries"]
     assert [r["id"] for r in rows] == [c.id for c in data.secrets]
     assert [r["repetitions"] for r in rows] == [c.repetitions if c.included else 0 for c in data.secrets]
@@ -165,6 +166,7 @@ def test_secret_canaries_cut_in_training_are_left_out(prepared):
 
     from dpaudit.extraction import secret_canaries
     from dpaudit.models import build_model
+    from dpaudit.report.extraction import extraction_summary
 
     rundir, config, data = prepared
     tok = data.tokenizer
@@ -184,6 +186,9 @@ def test_secret_canaries_cut_in_training_are_left_out(prepared):
     assert got["secrets_left_out"]["num"] == len(cut) and got["secrets_left_out"]["ids"] == cut
     assert "cut the secret away" in got["secrets_left_out"]["reason"]
     assert sum(g["num"] for g in got["by_repetitions"]) == 6 - len(cut)
+    # the report's entry says how many its table leaves out, and of what length
+    summary, _, _ = extraction_summary("m", got, False, warn=pytest.fail)
+    assert summary["secrets"]["left_out"] == len(cut) and summary["secrets"]["left_out_max_tokens"] == limit
     # every one cut: nothing scored, the count still says why
     cfg = dataclasses.replace(config, data=dataclasses.replace(config.data, max_length=min(lengths) - 1))
     with pytest.warns(UserWarning, match="6 of 6 left out"):
