@@ -23,8 +23,8 @@ first survives a short budget:
   ran; ``hardware``: the GPU's name and memory, the torch and CUDA versions, the date (UTC);
   ``manifest``: package versions, git commit and platform (:func:`dpaudit.stages.artifacts.manifest`);
 - ``secure_noise_share``: the time to add one step's Gaussian noise with the secure generator
-  (``SecureGenerator(device).add_noise_all_`` on a float32 tensor of every trainable
-  parameter's shape, as secure mode does, after a warm-up draw) over the time of one DP step in
+  (``SecureGenerator(device).add_noise_all_`` on the float32 sums of every trainable
+  parameter, views of one buffer as the engines make them, after a warm-up draw) over the time of one DP step in
   secure mode, which includes that draw; ``details.secure_noise_s``: the draw's median seconds;
 - ``nonprivate_tokens_per_s``, ``dp_tokens_per_s`` (secure mode, the default of DP training)
   and ``dp_tokens_per_s_reproducible`` (noise from a seeded torch generator on the device):
@@ -167,13 +167,14 @@ def _training_steps(factory, model, units, *, device: torch.device, private: boo
 
 def secure_noise_seconds(model, *, device: torch.device, draws: int) -> list[float]:
     """Seconds of each of ``draws`` draws of one step's noise from the secure generator, after
-    a warm-up draw: :meth:`~dpaudit.train.sampling.SecureGenerator.add_noise_all_` on a float32
-    tensor of every trainable parameter's shape on ``device``, as secure mode's step does."""
-    from dpaudit.train.engine import trainable_parameters
+    a warm-up draw: :meth:`~dpaudit.train.sampling.SecureGenerator.add_noise_all_` on the
+    float32 sums of every trainable parameter on ``device`` (views of one buffer, as the
+    engines' :func:`~dpaudit.train.engine.zero_sums`), as secure mode's step does."""
+    from dpaudit.train.engine import trainable_parameters, zero_sums
     from dpaudit.train.sampling import SecureGenerator
 
     generator = SecureGenerator(device)
-    sums = [torch.zeros(p.shape, dtype=torch.float32, device=device) for p in trainable_parameters(model).values()]
+    sums = list(zero_sums(trainable_parameters(model)).values())
     now = clock(device)
     times = []
     generator.add_noise_all_(sums, std=1.0)  # warm-up: torch.compile builds the kernels on first use

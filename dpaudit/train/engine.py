@@ -165,6 +165,22 @@ class StepStats:
 # --------------------------------------------------------------------------- engines
 
 
+def zero_sums(params: dict[str, Tensor]) -> dict[str, Tensor]:
+    """A float32 zero sum per parameter of ``params``: views of one buffer per device, in the
+    parameters' order (one allocation and one fill, not one per parameter; secure noise on an
+    accelerator draws into the buffer in place: :func:`dpaudit.train.sampling.one_buffer`)."""
+    by_device: dict[torch.device, list[str]] = {}
+    for name, p in params.items():
+        by_device.setdefault(p.device, []).append(name)
+    zeros: dict[str, Tensor] = {}
+    for device, names in by_device.items():
+        shapes = [params[name].shape for name in names]
+        flat = torch.zeros(sum(shape.numel() for shape in shapes), dtype=torch.float32, device=device)
+        for name, shape, part in zip(names, shapes, flat.split([shape.numel() for shape in shapes])):
+            zeros[name] = part.view(shape)
+    return {name: zeros[name] for name in params}
+
+
 class GradientEngine:
     """Template of one step: ``summed_gradients`` -> ``add_noise`` -> ``normalize``.
 
@@ -255,18 +271,7 @@ class GradientEngine:
     # -- helpers -------------------------------------------------------------
 
     def zeros(self) -> dict[str, Tensor]:
-        """A float32 zero sum per parameter: views of one buffer per device (one allocation
-        and one fill, not one per parameter)."""
-        by_device: dict[torch.device, list[str]] = {}
-        for name, p in self.params.items():
-            by_device.setdefault(p.device, []).append(name)
-        zeros: dict[str, Tensor] = {}
-        for device, names in by_device.items():
-            shapes = [self.params[name].shape for name in names]
-            flat = torch.zeros(sum(shape.numel() for shape in shapes), dtype=torch.float32, device=device)
-            for name, shape, part in zip(names, shapes, flat.split([shape.numel() for shape in shapes])):
-                zeros[name] = part.view(shape)
-        return {name: zeros[name] for name in self.params}
+        return zero_sums(self.params)
 
     def microbatches(self, items: list, size: int | None = None) -> Iterable[list]:
         size = size or self.microbatch_size

@@ -199,11 +199,12 @@ class SecureGenerator(torch.Generator):
 
     def add_noise_all_(self, tensors, *, std: float) -> None:
         """:meth:`add_noise_` on each of ``tensors`` (one step's summed gradients). On an
-        accelerator they are noised as one draw per device, concatenated and split back: each
-        draw costs a few kernel calls and host-to-device copies whatever its size, and on one
-        H100 GPT-2 124M's 148 tensors took 1.6 s a step drawn one by one, the same 124 million
-        normals 7 ms in one draw (2026-12-05). On the CPU, where a call costs little, one draw
-        per tensor, with no copies."""
+        accelerator they are noised as one draw per device, in place when they lie end to end
+        in one buffer (:func:`one_buffer`, as the engines' sums do), else concatenated and split
+        back: each draw costs a few kernel calls and host-to-device copies whatever its size,
+        and on one H100 GPT-2 124M's 148 tensors took 1.6 s a step drawn one by one, the same
+        124 million normals 7 ms in one draw (2026-12-05). On the CPU, where a call costs
+        little, one draw per tensor, with no copies."""
         by_device: dict[torch.device, list[torch.Tensor]] = {}
         for t in tensors:
             by_device.setdefault(t.device, []).append(t)
@@ -211,6 +212,10 @@ class SecureGenerator(torch.Generator):
             if not _one_draw(device):
                 for t in group:
                     self.add_noise_(t, std=std)
+                continue
+            flat = one_buffer(group)
+            if flat is not None:  # the engines' sums (zero_sums): noised where they lie
+                self._draw(flat, std=std, spacing=chacha.snap_spacing(std))
                 continue
             flat = torch.cat([t.detach().reshape(-1).float() for t in group])
             self._draw(flat, std=std, spacing=chacha.snap_spacing(std))
@@ -272,6 +277,19 @@ def _has_openssl() -> bool:
 _OPENSSL = _has_openssl()
 _CHUNK_GROUPS = 2**15  # 1 Mi normals a kernel call on the CPU (a call costs ~50 us: fewer, larger ones)
 _DEVICE_CHUNK_GROUPS = 2**18  # 8 Mi normals a kernel on an accelerator
+
+
+def one_buffer(tensors: list[torch.Tensor]) -> torch.Tensor | None:
+    """The tensors as one flat float32 view when they lie end to end, in order, in one
+    buffer (the engines' sums: :func:`~dpaudit.train.engine.zero_sums`); else None."""
+    first = tensors[0]
+    end = first.storage_offset()
+    for t in tensors:
+        if (t.dtype != torch.float32 or not t.is_contiguous() or t.storage_offset() != end
+                or t.untyped_storage().data_ptr() != first.untyped_storage().data_ptr()):
+            return None
+        end += t.numel()
+    return first.detach().as_strided((end - first.storage_offset(),), (1,))
 
 
 def _one_draw(device: torch.device) -> bool:

@@ -360,3 +360,30 @@ def test_one_draw_for_all_the_step_s_tensors(monkeypatch):
     assert not torch.equal(tensors[0], tensors[3].float())  # two tensors of one shape: two stretches
     z = torch.cat([t.reshape(-1).float() for t in tensors]) / std
     assert stats.kstest(z.numpy(), "norm").pvalue > 1e-4
+
+
+def test_one_draw_noises_the_engine_s_sums_where_they_lie(monkeypatch):
+    """The engines' sums are views of one buffer (zero_sums): the one draw noises
+    that buffer in place, with no copy, each tensor on the grid and the draw normal."""
+    import dpaudit.train.sampling as sampling
+    from dpaudit.models import build_tiny
+    from dpaudit.train.engine import trainable_parameters, zero_sums
+
+    monkeypatch.setattr(sampling, "_one_draw", lambda device: True)
+    params = trainable_parameters(build_tiny("gpt2", vocab_size=50, bos_token_id=0, eos_token_id=0, seed=0))
+    sums = list(zero_sums(params).values())
+    assert [s.shape for s in sums] == [p.shape for p in params.values()]
+    flat = sampling.one_buffer(sums)
+    assert flat is not None and flat.numel() == sum(p.numel() for p in params.values())
+    assert sampling.one_buffer(sums[::-1]) is None and sampling.one_buffer([torch.zeros(3), torch.zeros(4)]) is None
+    g = SecureGenerator()
+    g.next_step()
+    std = 2.0
+    spacing = chacha.snap_spacing(std)
+    with monkeypatch.context() as patch:
+        patch.setattr(torch, "cat", None)  # the in-place path concatenates nothing
+        g.add_noise_all_(sums, std=std)
+    assert g.draws == 1
+    assert flat.ne(0).float().mean() > 0.99 and torch.equal(flat / spacing, torch.round(flat / spacing))
+    assert all(s.untyped_storage().data_ptr() == flat.untyped_storage().data_ptr() for s in sums)
+    assert stats.kstest((flat / std).numpy(), "norm").pvalue > 1e-4
