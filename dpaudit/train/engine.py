@@ -51,6 +51,7 @@ import torch
 from torch import Tensor
 from torch.func import functional_call, grad_and_value, vmap
 
+from dpaudit.train import sampling
 from dpaudit.train.sampling import SecureGenerator
 
 if TYPE_CHECKING:
@@ -475,6 +476,10 @@ class DPSGDEngine(GradientEngine):
         # in place: ``summed`` is this step's own (one pass and no new tensor per parameter)
         if isinstance(generator, SecureGenerator):  # secure mode: ChaCha20 noise, the sum snapped to a grid
             generator.add_noise_all_(list(summed.values()), std=std)
+            return summed
+        flat = sampling.one_buffer(list(summed.values())) if sampling.one_draw(self.device) else None
+        if flat is not None:  # on an accelerator the sums' one buffer (zero_sums) gets one draw
+            flat.add_(torch.randn(flat.shape, generator=generator, device=flat.device), alpha=std)
             return summed
         for g in summed.values():
             g.add_(torch.randn(g.shape, generator=generator, device=g.device, dtype=g.dtype), alpha=std)

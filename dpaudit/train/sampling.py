@@ -209,7 +209,7 @@ class SecureGenerator(torch.Generator):
         for t in tensors:
             by_device.setdefault(t.device, []).append(t)
         for device, group in by_device.items():
-            if not _one_draw(device):
+            if not one_draw(device):
                 for t in group:
                     self.add_noise_(t, std=std)
                 continue
@@ -292,8 +292,10 @@ def one_buffer(tensors: list[torch.Tensor]) -> torch.Tensor | None:
     return first.detach().as_strided((end - first.storage_offset(),), (1,))
 
 
-def _one_draw(device: torch.device) -> bool:
-    """Whether :meth:`SecureGenerator.add_noise_all_` noises a device's tensors as one draw."""
+def one_draw(device: torch.device) -> bool:
+    """Whether a step's noise on ``device`` is one draw for all its tensors (an accelerator,
+    where each draw costs kernel launches whatever its size): secure mode's
+    :meth:`SecureGenerator.add_noise_all_`, and seeded noise on the engines' sums."""
     return device.type != "cpu"
 
 

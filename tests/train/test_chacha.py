@@ -345,7 +345,7 @@ def test_one_draw_for_all_the_step_s_tensors(monkeypatch):
     dtype, gets its own stretch of the keystream, and lands on the snapping grid."""
     import dpaudit.train.sampling as sampling
 
-    monkeypatch.setattr(sampling, "_one_draw", lambda device: True)
+    monkeypatch.setattr(sampling, "one_draw", lambda device: True)
     g = SecureGenerator()
     g.next_step()
     std = 1.5
@@ -369,7 +369,7 @@ def test_one_draw_noises_the_engine_s_sums_where_they_lie(monkeypatch):
     from dpaudit.models import build_tiny
     from dpaudit.train.engine import trainable_parameters, zero_sums
 
-    monkeypatch.setattr(sampling, "_one_draw", lambda device: True)
+    monkeypatch.setattr(sampling, "one_draw", lambda device: True)
     params = trainable_parameters(build_tiny("gpt2", vocab_size=50, bos_token_id=0, eos_token_id=0, seed=0))
     sums = list(zero_sums(params).values())
     assert [s.shape for s in sums] == [p.shape for p in params.values()]

@@ -245,6 +245,31 @@ def test_empty_batch_is_noise_only(kind):
     eng.close()
 
 
+@pytest.mark.parametrize("accelerator", [False, True])
+def test_seeded_noise_is_one_draw_on_an_accelerator(monkeypatch, accelerator):
+    """On an accelerator the step's sums (one buffer) get one draw of the seeded generator, a
+    kernel launch or two in place of two per tensor; on the CPU a draw per tensor, as before,
+    so that a seeded CPU run keeps its noise. Either way the noise is the generator's stream."""
+    from dpaudit.train import sampling
+
+    monkeypatch.setattr(sampling, "one_draw", lambda device: accelerator)
+    torch.manual_seed(0)  # width 24: tensors whose sizes are not multiples of 16, where torch's CPU
+    # normals, drawn 16 at a time, take another stretch of the stream per tensor than in one draw
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_layer=1, n_embd=24, n_head=2, n_positions=64,
+                                       bos_token_id=0, eos_token_id=0))
+    sigma, C, B = 2.0, 0.5, 4
+    eng = engine(model, "ghost", sigma=sigma, C=C, B=B)
+    eng.step([], torch.Generator().manual_seed(3))  # an empty batch: the update is the noise
+    update = [p.grad.flatten() * B / (sigma * C) for p in eng.params.values()]
+    eng.close()
+    stream = torch.Generator().manual_seed(3)
+    if accelerator:
+        expected = torch.randn(sum(u.numel() for u in update), generator=stream)
+    else:
+        expected = torch.cat([torch.randn(p.shape, generator=stream).flatten() for p in eng.params.values()])
+    assert torch.allclose(torch.cat(update), expected, rtol=1e-5, atol=1e-6)
+
+
 def test_four_d_mask_fallback_gives_the_same_gradients():
     model = build("llama")
     seqs = sequences([7, 3, 5], seed=6)
