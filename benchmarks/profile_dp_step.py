@@ -3,7 +3,7 @@
     OMP_NUM_THREADS=1 python benchmarks/profile_dp_step.py [--size small] [--batch 16] [--steps 6]
     OMP_NUM_THREADS=1 python benchmarks/profile_dp_step.py --stages [--rounds 15]
     OMP_NUM_THREADS=1 python benchmarks/profile_dp_step.py --floor [--rounds 15]
-    python benchmarks/profile_dp_step.py --launches [--size gpt2] [--batch 2]
+    python benchmarks/profile_dp_step.py --launches [--as-accelerator] [--size gpt2] [--batch 2]
 
 Profiles (``torch.profiler``, CPU self time) the bench's workload (:mod:`dpaudit.bench.workload`:
 a GPT-2-style model of ``--size``, ``--batch`` random sequences of 128 tokens) under the
@@ -44,7 +44,8 @@ With ``--launches``, the operations of one step of each engine (with its AdamW s
 warm-up, counted by a ``TorchDispatchMode``: those that compute, each a kernel launch on an
 accelerator, and the views and other metadata operations, which launch nothing. Where a step's
 kernels are small (GPT-2 124M at 16 x 128 tokens on a GPU), the launches set its time rather
-than the flops; the count depends on the model's depth and the engine, not on the batch.
+than the flops; the count depends on the model's depth and the engine, not on the batch. With
+``--as-accelerator`` the noise takes the accelerator's path (one draw for all of a step's sums).
 """
 
 from __future__ import annotations
@@ -319,10 +320,16 @@ def main() -> None:
     parser.add_argument("--stages", action="store_true", help="the DP step by stage, unprofiled (docstring)")
     parser.add_argument("--rounds", type=int, default=15, help="with --floor or --stages: interleaved rounds")
     parser.add_argument("--launches", action="store_true", help="operations per step, kernels and views (docstring)")
+    parser.add_argument("--as-accelerator", action="store_true",
+                        help="with --launches: the noise as on an accelerator, one draw for all the step's sums")
     args = parser.parse_args()
     torch.set_num_threads(1)
     keep_freed_memory()  # as the command line runs: freed tensors kept for the next step
     if args.launches:
+        if args.as_accelerator:
+            from dpaudit.train import sampling
+
+            sampling.one_draw = lambda device: True
         counts = launches(size=args.size, batch=args.batch)
         for name, count in counts.items():
             print(f"{name:<12} computing {count['computing']:>6}   metadata {count['metadata']:>6}")
