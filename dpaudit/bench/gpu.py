@@ -24,8 +24,9 @@ first survives a short budget:
   ``manifest``: package versions, git commit and platform (:func:`dpaudit.stages.artifacts.manifest`);
 - ``secure_noise_share``: the time to add one step's Gaussian noise with the secure generator
   (``SecureGenerator(device).add_noise_all_`` on the float32 sums of every trainable
-  parameter, views of one buffer as the engines make them, after a warm-up draw) over the time of one DP step in
-  secure mode, which includes that draw; ``details.secure_noise_s``: the draw's median seconds;
+  parameter, views of one buffer as the engines make them, after a warm-up draw) over the
+  time of one DP step in secure mode, which includes that draw; ``details.secure_noise_s``:
+  the draw's median seconds;
 - ``nonprivate_tokens_per_s``, ``dp_tokens_per_s`` (secure mode, the default of DP training)
   and ``dp_tokens_per_s_reproducible`` (noise from a seeded torch generator on the device):
   tokens per second of :data:`STEPS` steps, after a warm-up step, of the non-private engine and

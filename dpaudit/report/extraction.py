@@ -80,7 +80,8 @@ def _secret_summary(ext: Mapping) -> dict[str, Any]:
         left_out = ext.get("secrets_left_out") if isinstance(ext.get("secrets_left_out"), Mapping) else {}
         out["secrets"] = {"space_bits": num(ext.get("space_bits")), "secret_set": str(ext.get("secret_set")),
                           "exposure_method": str(ext.get("exposure_method")), "groups": groups, "canaries": rows,
-                          "left_out": integer(left_out.get("num")) or 0, "left_out_max_tokens": integer(left_out.get("max_tokens"))}
+                          "left_out": integer(left_out.get("num")) or 0,
+                          "left_out_max_tokens": integer(left_out.get("max_tokens"))}
     pii = ext.get("pii")
     if isinstance(pii, Mapping):
         out["pii"] = {role: {f: {"num": integer(v.get("num")), "extracted": integer(v.get("extracted")),

@@ -52,7 +52,6 @@ from torch import Tensor
 from torch.func import functional_call, grad_and_value, vmap
 
 from dpaudit.train import sampling
-from dpaudit.train.sampling import SecureGenerator
 
 if TYPE_CHECKING:
     from dpaudit.train.gradient_canaries import GradientCanaries
@@ -474,7 +473,7 @@ class DPSGDEngine(GradientEngine):
         if std == 0:
             return summed
         # in place: ``summed`` is this step's own (one pass and no new tensor per parameter)
-        if isinstance(generator, SecureGenerator):  # secure mode: ChaCha20 noise, the sum snapped to a grid
+        if isinstance(generator, sampling.SecureGenerator):  # secure mode: ChaCha20 noise, the sum snapped to a grid
             generator.add_noise_all_(list(summed.values()), std=std)
             return summed
         flat = sampling.one_buffer(list(summed.values())) if sampling.one_draw(self.device) else None

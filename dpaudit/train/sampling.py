@@ -213,14 +213,14 @@ class SecureGenerator(torch.Generator):
                 for t in group:
                     self.add_noise_(t, std=std)
                 continue
-            flat = one_buffer(group)
-            if flat is not None:  # the engines' sums (zero_sums): noised where they lie
-                self._draw(flat, std=std, spacing=chacha.snap_spacing(std))
-                continue
-            flat = torch.cat([t.detach().reshape(-1).float() for t in group])
+            flat = one_buffer(group)  # the engines' sums (zero_sums) are noised where they lie
+            separate = flat is None
+            if separate:
+                flat = torch.cat([t.detach().reshape(-1).float() for t in group])
             self._draw(flat, std=std, spacing=chacha.snap_spacing(std))
-            for t, part in zip(group, flat.split([t.numel() for t in group])):
-                t.detach().copy_(part.view(t.shape))
+            if separate:
+                for t, part in zip(group, flat.split([t.numel() for t in group])):
+                    t.detach().copy_(part.view(t.shape))
 
     # -- the draws -------------------------------------------------------------
 
