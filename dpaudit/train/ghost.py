@@ -324,9 +324,9 @@ class GhostClippingEngine(DPSGDEngine):
         norms = norms2.sqrt()
         clip = self.clip_factors(norms)
         with torch.no_grad():
-            if vectors:  # one product for every vector parameter, added to their sums at once
-                names, rows = zip(*vectors.items())
-                summed = (clip @ torch.cat(rows, 1)).split([r.shape[1] for r in rows])
+            if vectors is not None:  # one product for every vector parameter, added to their sums at once
+                names, rows = vectors
+                summed = (clip @ rows).split([total[n].numel() for n in names])
                 torch._foreach_add_([total[n] for n in names], [s.view(total[n].shape) for n, s in zip(names, summed)])
             for name, g in materialized.items():
                 total[name] += (clip @ g.reshape(g.shape[0], -1)).view(g.shape[1:])
@@ -449,11 +449,12 @@ class GhostClippingEngine(DPSGDEngine):
         return out
 
     def _norms(self, uses: list[_Use], layout: _Layout, *, tokens: int):
-        """Squared per-unit norms (K,); the per-unit gradients of the vector parameters (biases,
-        normalization gains, a generic module's own), flat (K, numel); those of the materialized
-        weights (K, R, C); and the factors of the ghosted ones. The vectors' norms come from one
-        reduction over all of them, and their clipped sum from one product (few operations
-        whatever the depth: on an accelerator each is a kernel launch)."""
+        """Squared per-unit norms (K,); the vector parameters (biases, normalization gains, a
+        generic module's own) as their names and their per-unit gradients side by side, (K,
+        their numels summed), or None; the per-unit gradients of the materialized weights (K, R,
+        C); and the factors of the ghosted ones. The vectors' norms come from one reduction over
+        all of them, and their clipped sum from one product (few operations whatever the depth:
+        on an accelerator each is a kernel launch)."""
         dtype = self.autocast_dtype or torch.float32
         norms2 = torch.zeros(layout.num_units, dtype=torch.float32, device=self.device)
         vectors: dict[str, Tensor] = {}
@@ -507,11 +508,12 @@ class GhostClippingEngine(DPSGDEngine):
             for (units, _, _), values in zip(layout.groups, grams):  # one addition per unit size
                 if values:
                     norms2.index_add_(0, units, torch.stack(values).sum(0))
-            if vectors:
-                norms2 += torch.cat(list(vectors.values()), 1).square().sum(1)
+            laid_out = (list(vectors), torch.cat(list(vectors.values()), 1)) if vectors else None
+            if laid_out is not None:
+                norms2 += laid_out[1].square().sum(1)
             for g in materialized.values():
                 norms2 += torch.linalg.vector_norm(g.reshape(g.shape[0], -1), dim=1).square()
-        return norms2, vectors, materialized, ghosted
+        return norms2, laid_out, materialized, ghosted
 
     def _generic_rows(self, use: _Use) -> dict[str, Tensor]:
         """Per-row gradients of a generic module's own parameters: vmap over the rows of the
