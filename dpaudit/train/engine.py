@@ -167,8 +167,8 @@ class StepStats:
 
 def zero_sums(params: dict[str, Tensor]) -> dict[str, Tensor]:
     """A float32 zero sum per parameter of ``params``: views of one buffer per device, in the
-    parameters' order (one allocation and one fill, not one per parameter; secure noise on an
-    accelerator draws into the buffer in place: :func:`dpaudit.train.sampling.one_buffer`)."""
+    parameters' order (one allocation and one fill, not one per parameter; on an accelerator
+    the noise, secure or seeded, is one draw into the buffer: :func:`dpaudit.train.sampling.one_buffer`)."""
     by_device: dict[torch.device, list[str]] = {}
     for name, p in params.items():
         by_device.setdefault(p.device, []).append(name)
