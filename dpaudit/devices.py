@@ -39,3 +39,24 @@ def place_model(model, device):
     if param is not None and param.device != device:
         model.to(device)
     return device
+
+
+def to_device(tensor, device):
+    """The host tensor ``tensor`` on ``device``, without waiting for the work queued there.
+
+    On CUDA an ordinary copy from the host (``non_blocking=False``) synchronizes the stream:
+    the host waits until the device has done everything queued before it. A copy in the middle
+    of a training step (an index, a counter) would make the host wait for the step's own
+    backward pass before it queues the rest. Here the copy goes through pinned memory with
+    ``non_blocking=True``, which the stream orders after that work without the host waiting
+    (torch keeps the pinned block until the copy is done); to another device, ``non_blocking``
+    too. A tensor already off the host is moved as ``tensor.to(device)``.
+    """
+    import torch
+
+    device = torch.device(device)
+    if tensor.device.type != "cpu" or device.type == "cpu":
+        return tensor.to(device)
+    if device.type == "cuda":
+        tensor = tensor.pin_memory()
+    return tensor.to(device, non_blocking=True)

@@ -36,8 +36,9 @@ first survives a short budget:
   over those steps (weights, gradients, AdamW's state, activations); null on a CPU;
 - ``bench``: the default suite's result (:func:`~dpaudit.bench.rows.run_bench`, the same
   keys as ``dpaudit bench --json``), under the same budget;
-- ``reasons`` (why a figure above is null), ``details``, ``budget`` (seconds, spent, rows
-  skipped, rows cut short) and ``wall_s``.
+- ``reasons`` (why a figure above is null), ``details`` (with ``host_waits_per_step``: how
+  often one step of each training run makes the host wait for the GPU, :func:`host_waits`),
+  ``budget`` (seconds, spent, rows skipped, rows cut short) and ``wall_s``.
 
 The clock is the wall time on CUDA (synchronized) and the process's CPU time on a CPU.
 """
@@ -45,6 +46,7 @@ The clock is the wall time on CUDA (synchronized) and the process's CPU time on 
 from __future__ import annotations
 
 import statistics
+import warnings
 from datetime import datetime, timezone
 from typing import Any
 
@@ -103,7 +105,7 @@ def run_gpu_check(*, size: str = "gpt2", batch: int = 16, rounds: int = 5, repea
                   batch_size=batch, length=throughput_length(size))
     reasons: dict[str, str] = {}
     details: dict[str, Any] = {"steps": STEPS, "noise_draws": NOISE_DRAWS, "seconds_per_step": {},
-                               "peak_gpu_bytes": {}}
+                               "peak_gpu_bytes": {}, "host_waits_per_step": {}}
     _training_rows(result, reasons, details, size=size, device=dev, budget=budget)
     bench = run_bench(size=size, batch=batch, rounds=rounds, repeats=repeats, device=str(dev), threads=threads,
                       skip={} if cuda else CPU_SKIPS, budget=budget, keep_going=True)
@@ -127,6 +129,9 @@ def _training_rows(result: dict[str, Any], reasons: dict[str, str], details: dic
     def training(name: str, engine: str, secure: bool, throughput: str, memory: str | None) -> None:
         seconds, peak = _training_steps(factories[engine], model, units, device=device, private=engine != "nonprivate",
                                         secure=secure)
+        if device.type == "cuda":
+            details["host_waits_per_step"][name] = host_waits(factories[engine], model, units, device=device,
+                                                              private=engine != "nonprivate", secure=secure)
         details["seconds_per_step"][name] = seconds
         details["peak_gpu_bytes"][name] = peak
         result[throughput] = tokens / seconds
@@ -164,6 +169,39 @@ def _training_steps(factory, model, units, *, device: torch.device, private: boo
                        secure=secure, restore=False)
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
     return statistics.median(times), peak
+
+
+def host_waits(factory, model, units, *, device: torch.device, private: bool, secure: bool) -> int:
+    """How many times one training step (engine and AdamW, after a warm-up step) makes the
+    host wait for the GPU: the synchronizing CUDA calls that ``torch.cuda.set_sync_debug_mode``
+    reports. The engines read nothing back within a step (tests/train/test_step_waits.py);
+    the model's own forward may (SDPA's mask code reads the mask)."""
+    from dpaudit.bench.engines import make_engine
+    from dpaudit.train.sampling import SecureGenerator
+
+    batch = len(units)
+    engine = make_engine(factory, model, batch=batch, microbatch=min(batch, workload.MICROBATCH), device=device,
+                         private=private, autocast_dtype=torch.bfloat16)
+    optimizer = torch.optim.AdamW(list(engine.params.values()), lr=1e-5)
+    generator = SecureGenerator(device) if secure else torch.Generator(device=device).manual_seed(0)
+    try:
+        for counted in (False, True):
+            if secure:
+                generator.next_step()
+            sync(device)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                torch.cuda.set_sync_debug_mode("warn" if counted else "default")
+                try:
+                    engine.step(units, generator)
+                    optimizer.step()
+                    optimizer.zero_grad(set_to_none=True)
+                finally:
+                    torch.cuda.set_sync_debug_mode("default")
+            sync(device)
+    finally:
+        engine.close()
+    return sum(1 for w in caught if "synchronizing" in str(w.message))
 
 
 def secure_noise_seconds(model, *, device: torch.device, draws: int) -> list[float]:

@@ -41,6 +41,8 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from dpaudit.devices import to_device
+
 CONSTANTS = (0x61707865, 0x3320646E, 0x79622D32, 0x6B206574)  # "expand 32-byte k", RFC 8439 2.3
 WORDS_PER_BLOCK = 16
 MAX_BLOCKS = 2**32  # the 32-bit block counter: one nonce never gives more
@@ -58,7 +60,7 @@ def _int32(word: int) -> int:
 
 def key_tensor(key: bytes, device: torch.device | str = "cpu") -> Tensor:
     """The 256-bit ``key`` as 8 little-endian int32 words on ``device``."""
-    return torch.tensor([_int32(w) for w in struct.unpack("<8I", key)], dtype=torch.int32, device=device)
+    return to_device(torch.tensor([_int32(w) for w in struct.unpack("<8I", key)], dtype=torch.int32), device)
 
 
 def _check_range(first_block: int, count: int) -> None:
@@ -90,8 +92,8 @@ def _blocks(key: Tensor, nonce: Tensor, first_block: Tensor, count: int) -> Tens
     block counters ``first_block + i``, ``nonce`` (3 words), int32 tensors on one device."""
     counters = torch.arange(count, dtype=torch.int64, device=key.device) + first_block
     counters = torch.where(counters >= 2**31, counters - 2**32, counters).to(torch.int32)
-    constants = torch.tensor([_int32(c) for c in CONSTANTS], dtype=torch.int32, device=key.device)
-    state = [constants[i] for i in range(4)] + [key[i] for i in range(8)] + [counters] + [nonce[i] for i in range(3)]
+    # the constants as Python ints (int32 arithmetic with the tensors, no copy to the device)
+    state = [_int32(c) for c in CONSTANTS] + [key[i] for i in range(8)] + [counters] + [nonce[i] for i in range(3)]
     x = list(state)
     for _ in range(10):  # 20 rounds: a column round and a diagonal round, ten times
         _quarter_round(x, 0, 4, 8, 12)
@@ -112,12 +114,13 @@ class TorchStream:
     def __init__(self, key: Tensor, nonce: tuple[int, int, int], first_block: int = 0, *, compiled: bool = False):
         _check_range(first_block, 0)
         self.key, self.block, self.compiled = key, first_block, compiled
-        self.nonce = torch.tensor([_int32(w) for w in nonce], dtype=torch.int32, device=key.device)
+        # host-made, copied without waiting for the device's queued work (as the counters below)
+        self.nonce = to_device(torch.tensor([_int32(w) for w in nonce], dtype=torch.int32), key.device)
 
     def read(self, count: int) -> Tensor:
         """The next ``count`` blocks, flat int32 words on the key's device."""
         _check_range(self.block, count)
-        first = torch.tensor(self.block, dtype=torch.int64, device=self.key.device)
+        first = to_device(torch.tensor(self.block, dtype=torch.int64), self.key.device)
         self.block += count
         return _kernel("blocks", self.compiled)(self.key, self.nonce, first, count).reshape(-1)
 
@@ -203,7 +206,7 @@ def snap_spacing(std: float) -> float:
 def noisy_snapped(words: Tensor, summed: Tensor, *, std: float, spacing: float, compiled: bool = False) -> Tensor:
     """``summed + std * z`` in float32 (``z``: the normals of ``words``), rounded to the nearest
     multiple of ``spacing`` (ties to even); ``summed`` is flat, one value per word."""
-    scalars = torch.tensor([std, spacing], dtype=torch.float32, device=summed.device)
+    scalars = to_device(torch.tensor([std, spacing], dtype=torch.float32), summed.device)
     return _kernel("snapped", compiled)(words, summed, scalars[0], scalars[1])
 
 

@@ -44,13 +44,14 @@ from __future__ import annotations
 
 import contextlib
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable, Sequence
 
 import torch
 from torch import Tensor
 from torch.func import functional_call, grad_and_value, vmap
 
+from dpaudit.devices import to_device
 from dpaudit.train import sampling
 
 if TYPE_CHECKING:
@@ -75,7 +76,7 @@ class Batch:
         return self.input_ids.shape[0]
 
     def to(self, device: torch.device | str) -> "Batch":
-        return Batch(*(t.to(device, non_blocking=True) for t in (self.input_ids, self.attention_mask, self.labels, self.position_ids)))
+        return Batch(*(to_device(t, device) for t in (self.input_ids, self.attention_mask, self.labels, self.position_ids)))
 
 
 def collate(sequences: Sequence[Tensor], *, pad_id: int, device: torch.device | str = "cpu") -> Batch:
@@ -139,27 +140,88 @@ def trainable_parameters(model: torch.nn.Module) -> dict[str, torch.nn.Parameter
 # --------------------------------------------------------------------------- statistics
 
 
-@dataclass
 class StepStats:
-    """What one step saw. ``losses``: per-example losses (for the train log only: not private)."""
+    """What one step saw: ``num_units`` and ``num_examples``; the per-example ``losses`` (for the
+    train log only: not private); the per-unit gradient norms before clipping (``unit_norms``,
+    DP engines) with the unit of each (``unit_index``: its index in the step's ``units``, who was
+    clipped), and how many were not finite (``nonfinite_units``) or clipped (``clipped_units``).
 
-    num_units: int = 0
-    num_examples: int = 0
-    losses: list[float] = field(default_factory=list)
-    unit_norms: list[float] = field(default_factory=list)  # before clipping (DP engines)
-    # the unit (its index in the step's ``units``) of each entry of ``unit_norms``: who was clipped
-    unit_index: list[int] = field(default_factory=list)
-    nonfinite_units: int = 0
-    clipped_units: int = 0
+    The engines hand the losses and norms over as tensors where they were computed
+    (:meth:`add_losses`, :meth:`add_norms`), and they are read to the host in one copy (per
+    device) the first time any of them is read. On CUDA each read of a tensor's values waits for all the work
+    queued before it: read in the middle of a step, it would make the host wait for the backward
+    pass before queueing the clipping, the noise and the optimizer, where it can queue them while
+    the device still works. The training loop reads them after its optimizer step."""
+
+    def __init__(self, *, num_units: int = 0, num_examples: int = 0):
+        self.num_units, self.num_examples = num_units, num_examples
+        # in order: ("losses", values) or ("norms", values, units or None, clipping norm), the
+        # values a tensor until read, then a list of floats
+        self._parts: list[list] = []
+
+    def add_losses(self, losses: Tensor | Sequence[float]) -> None:
+        """Add per-example losses (a tensor on any device, read later, or floats)."""
+        self._parts.append(["losses", _later(losses)])
+
+    def add_norms(self, norms: Tensor | Sequence[float], units: Sequence[int] | None, *,
+                  max_grad_norm: float) -> None:
+        """Add unit gradient norms before clipping; norm j is of the step's unit ``units[j]``.
+        Without ``units`` (an engine that does not say whose norm is whose) the step's per-unit
+        record is unknown: ``unit_index`` stops matching ``unit_norms`` and the loop records no
+        per-unit clipping for the run. A norm counts as clipped when ``norm + CLIP_EPS >
+        max_grad_norm``."""
+        units = None if units is None else [int(u) for u in units]
+        count = norms.numel() if isinstance(norms, Tensor) else len(norms)
+        if units is not None and len(units) != count:
+            raise ValueError(f"{count} unit norms for {len(units)} units")
+        self._parts.append(["norms", _later(norms), units, float(max_grad_norm)])
 
     def merge(self, part: StepStats, units: Sequence[int]) -> None:
         """Add ``part``, the statistics of a sub-batch whose unit ``j`` is ``units[j]`` here."""
         self.num_examples += part.num_examples
-        self.losses += part.losses
-        self.unit_norms += part.unit_norms
-        self.unit_index += [units[j] for j in part.unit_index]
-        self.nonfinite_units += part.nonfinite_units
-        self.clipped_units += part.clipped_units
+        for entry in part._parts:
+            if entry[0] == "norms" and entry[2] is not None:
+                entry = [*entry[:2], [units[j] for j in entry[2]], entry[3]]
+            self._parts.append(entry)
+
+    def _read(self, kind: str) -> list[list]:
+        """This kind's entries, their values read to the host (every pending one, in one copy
+        per device)."""
+        by_device: dict[torch.device, list[list]] = {}
+        for entry in self._parts:
+            if isinstance(entry[1], Tensor):
+                by_device.setdefault(entry[1].device, []).append(entry)
+        for pending in by_device.values():
+            values = torch.cat([entry[1].detach().reshape(-1).float() for entry in pending]).cpu().tolist()
+            start = 0
+            for entry in pending:
+                size = entry[1].numel()
+                entry[1], start = values[start : start + size], start + size
+        return [entry for entry in self._parts if entry[0] == kind]
+
+    @property
+    def losses(self) -> list[float]:
+        return [x for entry in self._read("losses") for x in entry[1]]
+
+    @property
+    def unit_norms(self) -> list[float]:
+        return [x for entry in self._read("norms") for x in entry[1]]
+
+    @property
+    def unit_index(self) -> list[int]:
+        return [u for entry in self._read("norms") if entry[2] is not None for u in entry[2]]
+
+    @property
+    def nonfinite_units(self) -> int:
+        return sum(1 for x in self.unit_norms if not math.isfinite(x))
+
+    @property
+    def clipped_units(self) -> int:
+        return sum(1 for entry in self._read("norms") for x in entry[1] if x + CLIP_EPS > entry[3])
+
+
+def _later(values: Tensor | Sequence[float]) -> Tensor | list[float]:
+    return values if isinstance(values, Tensor) else [float(x) for x in values]
 
 
 # --------------------------------------------------------------------------- engines
@@ -295,7 +357,7 @@ class NonPrivateEngine(GradientEngine):
             with autocast_context(self.device, self.autocast_dtype):
                 losses = example_losses(forward_logits(self.model, batch), batch.labels)
             losses.sum().backward()
-            stats.losses.extend(losses.detach().float().cpu().tolist())
+            stats.add_losses(losses.detach())
         summed = {}
         for name, p in self.params.items():
             summed[name] = p.grad.float() if p.grad is not None else torch.zeros_like(p, dtype=torch.float32)
@@ -400,18 +462,9 @@ class DPSGDEngine(GradientEngine):
         self.record_norms(norms, stats, units)
 
     def record_norms(self, norms: Tensor, stats: StepStats, units: Sequence[int] | None = None) -> None:
-        """Add the units' gradient norms (before clipping) to the step's statistics; norm j is
-        of the step's unit ``units[j]``. Without ``units`` (an engine that does not say whose
-        norm is whose) the step's per-unit record is unknown: ``unit_index`` stops matching
-        ``unit_norms`` and the loop records no per-unit clipping for the run."""
-        norms_list = norms.cpu().tolist()
-        if units is not None and len(units) != len(norms_list):
-            raise ValueError(f"{len(norms_list)} unit norms for {len(units)} units")
-        stats.unit_norms.extend(norms_list)
-        if units is not None:
-            stats.unit_index.extend(int(u) for u in units)
-        stats.nonfinite_units += sum(1 for n in norms_list if not math.isfinite(n))
-        stats.clipped_units += sum(1 for n in norms_list if n + CLIP_EPS > self.max_grad_norm)
+        """Add the units' gradient norms (before clipping) to the step's statistics, clipped at
+        this engine's norm (:meth:`StepStats.add_norms`)."""
+        stats.add_norms(norms, units, max_grad_norm=self.max_grad_norm)
 
     def summed_gradients(self, units):
         return self._summed(units, self.clipped_sum)
@@ -436,7 +489,7 @@ class DPSGDEngine(GradientEngine):
             following = rows[start + self.microbatch_size][0] if start + self.microbatch_size < len(rows) else None
             batch = collate([seq for _, seq in chunk], pad_id=self.pad_id, device=self.device)
             grads, losses = self.per_example_gradients(batch)
-            stats.losses.extend(losses.cpu().tolist())
+            stats.add_losses(losses)
             tags = [u for u, _ in chunk]
             here = list(dict.fromkeys(tags))  # the units of unit_grads' rows, in order
             if len(set(tags)) == len(tags):
@@ -445,7 +498,7 @@ class DPSGDEngine(GradientEngine):
                 local, index = {}, []
                 for u in tags:
                     index.append(local.setdefault(u, len(local)))
-                index_t = torch.tensor(index, device=self.device)
+                index_t = to_device(torch.tensor(index), self.device)
                 unit_grads = {
                     name: torch.zeros((len(local), *g.shape[1:]), dtype=g.dtype, device=g.device).index_add_(0, index_t, g)
                     for name, g in grads.items()

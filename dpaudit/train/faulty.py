@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 
 import torch
 
@@ -88,10 +89,8 @@ class BatchClippingEngine(DPSGDEngine):
                 return
             for name, g in unit_grads.items():
                 total[name] += g.sum(0)
-            stats.unit_norms.extend(
-                torch.stack([g.reshape(g.shape[0], -1).pow(2).sum(1) for g in unit_grads.values()]).sum(0).sqrt().tolist()
-            )
-            stats.unit_index.extend(units)
+            norms = torch.stack([g.reshape(g.shape[0], -1).pow(2).sum(1) for g in unit_grads.values()]).sum(0).sqrt()
+            stats.add_norms(norms, units, max_grad_norm=math.inf)  # no unit is clipped
 
         total, stats = self._summed(units, add_unclipped)
         norm = torch.sqrt(sum(g.pow(2).sum() for g in total.values()))

@@ -68,6 +68,7 @@ from torch.func import functional_call, vjp, vmap
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 
+from dpaudit.devices import to_device
 from dpaudit.errors import InputError
 from dpaudit.train.engine import (
     DPSGDEngine,
@@ -135,12 +136,13 @@ class _Factor:
 
     def rows(self, v: Tensor | None = None, *, width: int | None = None) -> tuple[Tensor, Tensor]:
         """A one-hot factor's row indices and the matching rows of ``v`` (default its own),
-        token-flat, padding_idx left out (no boolean selection without one); with ``width``
-        the indices are offset by ``width`` per batch row (rows of a (B width, C) matrix)."""
+        token-flat, zero at padding_idx (which gets no gradient: zeros, not a boolean
+        selection, whose data-dependent size would make the host wait for the device); with
+        ``width`` the indices are offset by ``width`` per batch row (rows of a (B width, C) matrix)."""
         v = self.v if v is None else v
         index = self.u if width is None else torch.arange(self.u.shape[0], device=self.u.device)[:, None] * width + self.u
         if self.masked:
-            return index[self.valid], v[self.valid]
+            v = torch.where(self.valid.unsqueeze(-1), v, 0)
         return index.reshape(-1), v.reshape(-1, v.shape[-1])
 
     @property
@@ -160,15 +162,20 @@ class _Layout:
 
     @classmethod
     def of(cls, sizes: list[int], device) -> _Layout:
-        row_unit = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes)).to(device)
-        layout = cls(row_unit=row_unit, num_units=len(sizes), singletons=all(n == 1 for n in sizes))
+        """The layout of units of ``sizes`` rows, its indices on ``device`` (made there for
+        units of one row, else copied without waiting: :func:`~dpaudit.devices.to_device`)."""
+        if all(n == 1 for n in sizes):
+            rows = torch.arange(len(sizes), device=device)
+            return cls(row_unit=rows, num_units=len(sizes), groups=[(rows, rows, 1)])
+        row_unit = to_device(torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes)), device)
+        layout = cls(row_unit=row_unit, num_units=len(sizes), singletons=False)
         starts = [0]
         for n in sizes[:-1]:
             starts.append(starts[-1] + n)
         for n in sorted(set(sizes)):
             units = [k for k, m in enumerate(sizes) if m == n]
             rows = [starts[k] + j for k in units for j in range(n)]
-            layout.groups.append((torch.tensor(units, device=device), torch.tensor(rows, device=device), n))
+            layout.groups.append((to_device(torch.tensor(units), device), to_device(torch.tensor(rows), device), n))
         return layout
 
     def to_units(self, rows: Tensor) -> Tensor:
@@ -400,7 +407,7 @@ class GhostClippingEngine(DPSGDEngine):
                 p.requires_grad_(True)
             for handle in handles:
                 handle.remove()
-        stats.losses.extend(losses.detach().float().cpu().tolist())
+        stats.add_losses(losses.detach())
         for use in uses:
             now = [t._version for t in tree_flatten(use.inputs)[0] if isinstance(t, Tensor)] \
                 if use.kind == "generic" else [use.inputs._version]

@@ -48,6 +48,7 @@ import numpy as np
 import torch
 
 from dpaudit.audit.gradient_canaries import GradientCanaryRecord, inclusion_check
+from dpaudit.devices import to_device
 from dpaudit.errors import InputError
 from dpaudit.train.sampling import SecureRandom, bernoulli
 
@@ -79,7 +80,7 @@ class GradientCanaries:
         self.included = bernoulli(rng, 0.5, self.num_canaries)  # the one-run design: each in with probability 1/2
         self._members = np.flatnonzero(self.included)
         self._member_counts = np.zeros(self._members.size, dtype=np.int64)
-        self._scores = np.zeros(self.num_canaries, dtype=np.float64)
+        self._scores: torch.Tensor | None = None  # float64 sums, where the blocks are released
         self.steps = 0
         self._pending = False
 
@@ -109,7 +110,7 @@ class GradientCanaries:
         values = np.zeros(self.num_canaries, dtype=np.float32)
         values[self._members[sampled]] = self.max_grad_norm
         self._pending = True
-        return torch.from_numpy(values).to(device)
+        return to_device(torch.from_numpy(values), device)
 
     def observe(self, released: torch.Tensor) -> None:
         """Add the block as the mechanism released it (clipped sum plus noise, before any
@@ -120,7 +121,10 @@ class GradientCanaries:
         if released.numel() != self.num_canaries:
             raise RuntimeError(f"the released canary block has {released.numel()} coordinates, "
                                f"not {self.num_canaries}")
-        np.add(self._scores, released.to("cpu", torch.float32).numpy(), out=self._scores)  # float64 sums
+        # summed in float64 where the block is (read at result(), not here: on CUDA a read
+        # would make the host wait for the step's queued work)
+        released = released.to(torch.float32).to(torch.float64)
+        self._scores = released if self._scores is None else self._scores.add_(released)
         self.steps += 1
         self._pending = False
 
@@ -130,5 +134,6 @@ class GradientCanaries:
             raise RuntimeError("the last step's canary block was not observed")
         inclusions = np.zeros(self.num_canaries, dtype=np.int64)
         inclusions[self._members] = self._member_counts
-        return GradientCanaryRecord(included=self.included, scores=self._scores, inclusions=inclusions,
+        scores = np.zeros(self.num_canaries) if self._scores is None else self._scores.cpu().numpy()
+        return GradientCanaryRecord(included=self.included, scores=scores, inclusions=inclusions,
                                     steps=self.steps, sample_rate=self.sample_rate, max_grad_norm=self.max_grad_norm)

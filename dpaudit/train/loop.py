@@ -68,6 +68,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.nn.utils import get_total_norm
 
 from dpaudit.config import Config, TrainConfig, load_config, validate
 from dpaudit.devices import resolve_device
@@ -260,11 +261,13 @@ class _Loop:
                     noise_generator.next_step()
                 stats = engine.step([[self.data.sequences[r] for r in self.data.units[u]] for u in chosen],
                                     noise_generator)
+                optimizer.step()
+                scheduler.step()
+                # what the step saw is read only now, with the step queued whole (StepStats); the
+                # update is still in p.grad
                 self._check_finite(step, stats, params)
                 if engine.private and self.unit_tally is not None:
                     self.unit_tally.add(chosen, stats, max_grad_norm=engine.max_grad_norm)
-                optimizer.step()
-                scheduler.step()
                 optimizer.zero_grad(set_to_none=True)
                 self.batch_sizes.append(len(chosen))
                 row = self._log_row(step, stats, lr=lr, batch_size=len(chosen), engine=engine, started=started)
@@ -286,7 +289,8 @@ class _Loop:
             raise InputError(f"training diverged: the loss is NaN or infinite at step {step} of {self.steps} "
                              f"({bad} of {len(stats.losses)} examples); lower train.lr or check the data")
         grads = [p.grad for p in params.values() if p.grad is not None]
-        if grads and not bool(torch.isfinite(torch.stack([g.float().sum() for g in grads])).all()):
+        # the largest magnitude of the update: inf or nan exactly when an entry is (a few kernels on a GPU)
+        if grads and not bool(torch.isfinite(get_total_norm(grads, norm_type=math.inf))):
             self.nonfinite["updates"] += 1
         self.nonfinite["unit_gradients"] += stats.nonfinite_units
         self.nonfinite["losses"] += bad

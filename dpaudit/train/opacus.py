@@ -86,18 +86,15 @@ class OpacusEngine(GradientEngine):
                 # Opacus's hooks on the first layer see no input that requires grad (token ids)
                 warnings.filterwarnings("ignore", message="Full backward hook is firing")
                 losses.sum().backward()
-            stats.losses.extend(losses.detach().float().cpu().tolist())
+            stats.add_losses(losses.detach())
         missing = [name for name, p in self.params.items() if p.grad_sample is None]
         if missing:
             raise RuntimeError(f"Opacus computed no per-sample gradient for: {', '.join(missing[:5])}")
         if sequences:
             flat = [self._optimizer._get_flat_grad_sample(p) for p in self.params.values()]
             norms = torch.stack([g.reshape(len(g), -1).norm(2, dim=-1) for g in flat], dim=1).norm(2, dim=1)
-            norms_list = norms.cpu().tolist()
-            stats.unit_norms = norms_list
-            stats.unit_index = order  # the per-sample rows come in the order of ``sequences``
-            stats.nonfinite_units = sum(1 for n in norms_list if n != n or n in (float("inf"), float("-inf")))
-            stats.clipped_units = sum(1 for n in norms_list if n + 1e-6 > self.max_grad_norm)
+            # the per-sample rows come in the order of ``sequences``
+            stats.add_norms(norms, order, max_grad_norm=self.max_grad_norm)
         # Opacus's pre_step in its parts: clip and sum (p.summed_grad), the noise (p.grad); the canaries after
         self._optimizer.generator = generator
         self._optimizer.clip_and_accumulate()

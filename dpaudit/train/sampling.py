@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from dpaudit.devices import to_device
 from dpaudit.errors import InputError
 from dpaudit.seeds import seed_sequence
 from dpaudit.train import chacha
@@ -243,7 +244,7 @@ class SecureGenerator(torch.Generator):
             stop = min(groups, start + chunk)
             words = stream.read((stop - start) * chacha.GROUP_BLOCKS)
             if words.device != device:  # a small draw for an accelerator: made on the CPU
-                words = words.to(device)
+                words = to_device(words, device)
             part = out[start * chacha.GROUP_NORMALS : min(n, stop * chacha.GROUP_NORMALS)]
             if std is None:
                 part.copy_(chacha.normals(words, compiled=compiled)[: part.numel()])

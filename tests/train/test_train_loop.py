@@ -8,12 +8,16 @@ import math
 import numpy as np
 import pytest
 import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
 from recorded import train_recorded
 
 from dpaudit import accounting
 from dpaudit.config import TrainConfig, load_config
 from dpaudit.errors import InputError
 from dpaudit.train import dpsgd, nonprivate
+from dpaudit.train import TrainingRecord
+from dpaudit.train.engine import DPSGDEngine, StepStats
+from dpaudit.train.loop import TrainerSpec, run_training
 from dpaudit.train.plan import lr_factor, num_steps
 
 BASE = ["data.max_length=32", "train.eval_every=3", "train.steps=4"]
@@ -115,6 +119,51 @@ def test_deterministic_given_seed(tokenizer, data):
     d = params(nonprivate(train, tokenizer, seed=3, config=cfg()))
     e = params(nonprivate(train, tokenizer, seed=3, config=cfg()))
     assert all(torch.equal(d[n], e[n]) for n in d)
+
+
+def test_the_loop_reads_what_a_step_saw_after_its_optimizer_step(tokenizer, data, monkeypatch):
+    """The losses and norms are read once the step's update is queued (tests/train/test_step_waits.py)."""
+    events = []
+    read = StepStats._read
+
+    def spy(self, kind):
+        events.append(id(self))
+        return read(self, kind)
+
+    monkeypatch.setattr(StepStats, "_read", spy)
+    handle = register_optimizer_step_post_hook(lambda *args: events.append("step"))
+    try:
+        dpsgd(data[0], tokenizer, seed=0, config=cfg("train.dp.noise_multiplier=1.0", "train.steps=3"))
+    finally:
+        handle.remove()
+    first_reads = {}
+    for position, event in enumerate(events):
+        if event != "step":
+            first_reads.setdefault(event, position)
+    assert events.count("step") == 3 and len(first_reads) == 3
+    for k, position in enumerate(sorted(first_reads.values())):  # step k's statistics after k + 1 optimizer steps
+        assert events[:position].count("step") == k + 1
+
+
+class _NanAtLastStep(DPSGDEngine):
+    """A NaN in one entry of the update of the fourth step (the model is NaN after it)."""
+
+    steps = 0
+
+    def normalize(self, noisy, realised_batch_size):
+        update = super().normalize(noisy, realised_batch_size)
+        self.steps += 1
+        if self.steps == 4:
+            next(iter(update.values())).view(-1)[3] = math.nan
+        return update
+
+
+def test_the_loop_counts_non_finite_updates(tokenizer, data):
+    record = TrainingRecord()
+    spec = TrainerSpec("tests:nan_at_last_step", private=True, engine=_NanAtLastStep)
+    run_training(data[0], tokenizer, seed=0, spec=spec, record=record,
+                 config=cfg("train.dp.noise_multiplier=1.0", "train.dp.engine=vmap", "train.steps=4"))
+    assert record.checks["non_finite"] == {"updates": 1, "unit_gradients": 0, "losses": 0}
 
 
 def test_training_does_not_touch_global_rng(tokenizer, data):
