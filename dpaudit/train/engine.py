@@ -199,17 +199,18 @@ class StepStats:
                 entry[1], start = values[start : start + size], start + size
         return [entry for entry in self._parts if entry[0] == kind]
 
+    # read-only (tuples: an engine adds through add_losses and add_norms)
     @property
-    def losses(self) -> list[float]:
-        return [x for entry in self._read("losses") for x in entry[1]]
+    def losses(self) -> tuple[float, ...]:
+        return tuple(x for entry in self._read("losses") for x in entry[1])
 
     @property
-    def unit_norms(self) -> list[float]:
-        return [x for entry in self._read("norms") for x in entry[1]]
+    def unit_norms(self) -> tuple[float, ...]:
+        return tuple(x for entry in self._read("norms") for x in entry[1])
 
     @property
-    def unit_index(self) -> list[int]:
-        return [u for entry in self._read("norms") if entry[2] is not None for u in entry[2]]
+    def unit_index(self) -> tuple[int, ...]:
+        return tuple(u for entry in self._read("norms") if entry[2] is not None for u in entry[2])
 
     @property
     def nonfinite_units(self) -> int:

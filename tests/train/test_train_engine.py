@@ -235,7 +235,7 @@ def test_empty_batch_is_noise_only(kind):
     model = build("gpt2")
     eng = engine(model, kind, sigma=2.0, C=0.5, B=4)
     stats = eng.step([], torch.Generator().manual_seed(1))
-    assert stats.num_units == 0 and stats.losses == []
+    assert stats.num_units == 0 and stats.losses == ()
     update = torch.cat([p.grad.flatten() for p in eng.params.values()])
     assert float(update.std()) == pytest.approx(2.0 * 0.5 / 4, rel=0.02)
     eng.close()
