@@ -176,6 +176,7 @@ def _runs_ceiling(ref: BoundResult, *, delta: float, significance: float, strate
 #: accounting is not of the run, which the report hands to :func:`assess` as a ``mismatch``.
 NOT_THE_CLAIMED_MECHANISM = "not the claimed mechanism"
 
+
 def mechanism_refusal(rungs) -> str | None:
     """The refusal of a white-box rung whose gradient canaries ran another (T, q) than the DP
     record claims (:data:`NOT_THE_CLAIMED_MECHANISM`), for :func:`assess`'s ``mismatch``: not
