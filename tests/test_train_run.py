@@ -2,6 +2,8 @@
 
 import json
 import logging
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -31,6 +33,10 @@ def test_run_directory_is_complete(tiny_run):
     manifest = json.loads((tiny_run / "manifest.json").read_text())
     assert manifest["seeds"]["run"] == 0 and manifest["packages"]["torch"]
     assert manifest["hardware"]["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    if Path("/proc/cpuinfo").exists():  # the CPU model too: results differ in their last bits between models
+        cpu, info = manifest["hardware"]["cpu_model"], Path("/proc/cpuinfo").read_text()
+        assert re.search(rf"^model\s*: {cpu['model']}$", info, re.M)
+        assert re.search(rf"^model name\s*: {re.escape(cpu['model name'])}$", info, re.M)
     canaries = json.loads((tiny_run / "data" / "canaries.json").read_text())["canaries"]
     assert len(canaries) == 16 and {c["included"] for c in canaries} == {True, False}
     assert sorted(p.name for p in (tiny_run / "models").iterdir()) == sorted(MODELS)

@@ -256,8 +256,11 @@ def _hardware() -> dict[str, Any]:
     info: dict[str, Any] = {
         "platform": platform.platform(),
         "machine": platform.machine(),
-        # the kernels torch dispatches to (e.g. AVX2, AVX512): CPU results are the same to the bit only at equal ones
+        # the kernels torch dispatches to (e.g. AVX2, AVX512) and the CPU model: CPU results are
+        # the same to the bit only where both are equal (the matrix libraries choose their
+        # kernels, and so the order of additions, by the model too)
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "cpu_model": _cpu_model(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "cuda": torch.cuda.is_available(),
@@ -265,6 +268,21 @@ def _hardware() -> dict[str, Any]:
     if torch.cuda.is_available():
         info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
     return info
+
+
+def _cpu_model() -> dict[str, str] | None:
+    """The first CPU's vendor, model name, family, model, stepping and cache size as
+    ``/proc/cpuinfo`` gives them (Linux; None elsewhere). Two machines that both reported
+    AVX512, with the same packages, threads and code, trained the demo's base model to
+    different last bits (2026-12-06); ``cpu_capability`` alone does not tell such machines apart."""
+    try:
+        first = Path("/proc/cpuinfo").read_text().split("\n\n")[0]
+    except OSError:
+        return None
+    fields = {key.strip(): value.strip() for key, _, value in
+              (line.partition(":") for line in first.splitlines()) if value}
+    keys = ("vendor_id", "model name", "cpu family", "model", "stepping", "cache size")
+    return {key: fields[key] for key in keys if key in fields} or None
 
 
 def record_failure(md: ModelDir, *, stage: str, error: BaseException) -> None:
