@@ -3,7 +3,7 @@
     OMP_NUM_THREADS=1 python benchmarks/profile_dp_step.py [--size small] [--batch 16] [--steps 6]
     OMP_NUM_THREADS=1 python benchmarks/profile_dp_step.py --stages [--rounds 15]
     OMP_NUM_THREADS=1 python benchmarks/profile_dp_step.py --floor [--rounds 15]
-    python benchmarks/profile_dp_step.py --launches [--as-accelerator] [--size gpt2] [--batch 2]
+    python benchmarks/profile_dp_step.py --launches [--as-accelerator] [--bf16] [--size gpt2] [--batch 2]
 
 Profiles (``torch.profiler``, CPU self time) the bench's workload (:mod:`dpaudit.bench.workload`:
 a GPT-2-style model of ``--size``, ``--batch`` random sequences of 128 tokens) under the
@@ -45,7 +45,9 @@ warm-up, counted by a ``TorchDispatchMode``: those that compute, each a kernel l
 accelerator, and the views and other metadata operations, which launch nothing. Where a step's
 kernels are small (GPT-2 124M at 16 x 128 tokens on a GPU), the launches set its time rather
 than the flops; the count depends on the model's depth and the engine, not on the batch. With
-``--as-accelerator`` the noise takes the accelerator's path (one draw for all of a step's sums).
+``--as-accelerator`` the noise and the ghosted layers take the accelerator's path (one draw for
+all of a step's sums; the layers of one shape stacked, ``GhostClippingEngine._stacks``);
+with ``--bf16`` both steps run under bfloat16 autocast, as on a GPU, so that the casts count.
 """
 
 from __future__ import annotations
@@ -66,13 +68,13 @@ from dpaudit.train.engine import DPSGDEngine, NonPrivateEngine
 from dpaudit.train.ghost import GhostClippingEngine
 
 
-def stepper(name: str, *, size: str, batch: int):
+def stepper(name: str, *, size: str, batch: int, autocast_dtype=None):
     """One engine + AdamW step of engine ``name`` on the bench's workload, and the engine."""
     model = workload.build_model(size)
     units = workload.random_units(batch)
     factories, _ = engine_factories(opacus=False)
     engine = make_engine(factories[name], model, batch=batch, microbatch=min(batch, workload.MICROBATCH),
-                         device=torch.device("cpu"), private=name != "nonprivate")
+                         device=torch.device("cpu"), private=name != "nonprivate", autocast_dtype=autocast_dtype)
     optimizer = torch.optim.AdamW(list(engine.params.values()), lr=1e-5)
     generator = torch.Generator().manual_seed(0)
 
@@ -218,11 +220,11 @@ class _Count(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def launches(*, size: str, batch: int) -> dict[str, dict]:
+def launches(*, size: str, batch: int, autocast_dtype=None) -> dict[str, dict]:
     """Per engine (non-private, DP-SGD): the operations of one step after a warm-up step."""
     counts = {}
     for name in ("nonprivate", "dpsgd"):
-        step, engine = stepper(name, size=size, batch=batch)
+        step, engine = stepper(name, size=size, batch=batch, autocast_dtype=autocast_dtype)
         try:
             step()
             with _Count() as count:
@@ -322,6 +324,7 @@ def main() -> None:
     parser.add_argument("--launches", action="store_true", help="operations per step, kernels and views (docstring)")
     parser.add_argument("--as-accelerator", action="store_true",
                         help="with --launches: the noise as on an accelerator, one draw for all the step's sums")
+    parser.add_argument("--bf16", action="store_true", help="with --launches: under bfloat16 autocast, as on a GPU")
     args = parser.parse_args()
     torch.set_num_threads(1)
     keep_freed_memory()  # as the command line runs: freed tensors kept for the next step
@@ -330,7 +333,8 @@ def main() -> None:
             from dpaudit.train import sampling
 
             sampling.one_draw = lambda device: True
-        counts = launches(size=args.size, batch=args.batch)
+            GhostClippingEngine._stacks = lambda self: True
+        counts = launches(size=args.size, batch=args.batch, autocast_dtype=torch.bfloat16 if args.bf16 else None)
         for name, count in counts.items():
             print(f"{name:<12} computing {count['computing']:>6}   metadata {count['metadata']:>6}")
         extra = {op: counts["dpsgd"]["by operator"].get(op, 0) - counts["nonprivate"]["by operator"].get(op, 0)

@@ -185,12 +185,14 @@ class _Layout:
         return torch.zeros((self.num_units, *rows.shape[1:]), dtype=rows.dtype, device=rows.device).index_add_(
             0, self.row_unit, rows)
 
-    def sequences(self, x: Tensor) -> list[tuple[Tensor, Tensor]]:
-        """Per unit size: (unit ids, ``x`` (B, T, ...) with each unit's rows laid end to end:
-        (K_n, n T, ...))."""
+    def sequences(self, x: Tensor, *, stacked: bool = False) -> list[Tensor]:
+        """Per unit size, ``x`` (B, T, ...) with each unit's rows laid end to end: (K_n, n T, ...);
+        ``stacked``: L layers' tensors (L, B, T, ...), laid out as (L K_n, n T, ...)."""
         if self.singletons:
-            return [(self.groups[0][0], x)]
-        return [(units, x[rows].reshape(len(units), n * x.shape[1], *x.shape[2:])) for units, rows, n in self.groups]
+            return [x.flatten(0, 1) if stacked else x]
+        x = x if stacked else x.unsqueeze(0)
+        return [x[:, rows].reshape(x.shape[0] * len(units), n * x.shape[2], *x.shape[3:])
+                for units, rows, n in self.groups]
 
 
 def _gram(a: _Factor, b: _Factor, ua: Tensor, ub: Tensor, va: Tensor, vb: Tensor,
@@ -326,8 +328,9 @@ class GhostClippingEngine(DPSGDEngine):
         self._rows = len(sequences)
         layout = _Layout.of([len(unit) for unit in chunk], self.device)
         uses = self._forward_backward(batch, stats)
-        norms2, vectors, materialized, factors = self._norms(
+        norms2, vectors, materialized, factors, stacked = self._norms(
             uses, layout, tokens=max(len(u) for u in chunk) * batch.input_ids.shape[1])
+        del uses  # what the clipped sum needs of them is in the results
         norms = norms2.sqrt()
         clip = self.clip_factors(norms)
         with torch.no_grad():
@@ -340,6 +343,11 @@ class GhostClippingEngine(DPSGDEngine):
             row_clip = clip[layout.row_unit]
             for name, parts in factors.items():
                 self._add_clipped_factor_sum(parts, row_clip, total[name])
+            if stacked:
+                c = self._factor_clip(row_clip).to(stacked[0][2].dtype)[None, :, None, None]
+            for names, u, v in stacked:  # L layers: one product, (L, R, C)
+                sums = torch.bmm(u.flatten(1, 2).transpose(1, 2), (v * c).flatten(1, 2))
+                torch._foreach_add_([total[n] for n in names], list(sums.float().unbind(0)))
         self.record_norms(norms, stats, which)
 
     # -- forward and backward with hooks ------------------------------------------------
@@ -421,7 +429,7 @@ class GhostClippingEngine(DPSGDEngine):
         """The weight gradient of one use as factors, or the bias gradient per row (B, p)."""
         g = self._by_row(use.grad)
         if attr == "bias":
-            return g.float().sum(1)
+            return g.sum(1, dtype=torch.float32)
         if use.kind == "embedding":
             x = use.inputs.reshape(g.shape[0], -1)
             pad = use.module.padding_idx
@@ -459,14 +467,19 @@ class GhostClippingEngine(DPSGDEngine):
         """Squared per-unit norms (K,); the vector parameters (biases, normalization gains, a
         generic module's own) as their names and their per-unit gradients side by side, (K,
         their numels summed), or None; the per-unit gradients of the materialized weights (K, R,
-        C); and the factors of the ghosted ones. The vectors' norms come from one reduction over
-        all of them, and their clipped sum from one product (few operations whatever the depth:
-        on an accelerator each is a kernel launch)."""
+        C); the factors of the ghosted ones; and, where :meth:`_stacks`, those of the ghosted
+        layers of one dense use each, stacked by shape: (names, u, v). The vectors' norms come
+        from one reduction over all of them, and their clipped sum from one product (few
+        operations whatever the depth: on an accelerator each is a kernel launch)."""
         dtype = self.autocast_dtype or torch.float32
         norms2 = torch.zeros(layout.num_units, dtype=torch.float32, device=self.device)
         vectors: dict[str, Tensor] = {}
         materialized: dict[str, Tensor] = {}
         ghosted: dict[str, list[_Factor]] = {}
+        # layers of one use of dense factors, by their shapes: their factors stacked (names, u, v)
+        stack = self._stacks()
+        alike: dict[tuple, list[tuple[str, _Factor]]] = {}
+        stacked: list[tuple[list[str], Tensor, Tensor]] = []
         grams: list[list[Tensor]] = [[] for _ in layout.groups]  # the ghosted layers' squared norms, per unit size
         by_module: dict[nn.Module, list[_Use]] = {}
         for use in uses:
@@ -492,7 +505,7 @@ class GhostClippingEngine(DPSGDEngine):
                 if not parts:
                     continue
                 if holders[0][1] == "bias":
-                    add(vectors, name, sum(parts).flatten(1))
+                    add(vectors, name, sum(parts[1:], parts[0]).flatten(1))
                     continue
                 shape = self.params[name].shape
                 # mixed: materialize when the per-example gradient is no larger than what book-keeping
@@ -502,16 +515,29 @@ class GhostClippingEngine(DPSGDEngine):
                 if not ghost:
                     add(materialized, name, self._materialize(parts, shape))
                     continue
+                if stack and len(parts) == 1 and not parts[0].onehot:  # with the layers of its shapes, below
+                    f = parts[0]
+                    alike.setdefault((f.u.shape, f.v.shape, f.u.dtype, f.v.dtype), []).append((name, f))
+                    continue
                 ghosted[name] = parts
                 laid = [(layout.sequences(f.u), layout.sequences(f.v),
-                         layout.sequences(f.valid) if f.onehot else [(None, None)] * len(layout.groups)) for f in parts]
+                         layout.sequences(f.valid) if f.onehot else [None] * len(layout.groups)) for f in parts]
                 for i, a in enumerate(parts):
                     for j in range(i, len(parts)):
                         for group in range(len(layout.groups)):
-                            (_, ua), (_, va), (_, ma) = (x[group] for x in laid[i])
-                            (_, ub), (_, vb), (_, mb) = (x[group] for x in laid[j])
+                            ua, va, ma = (x[group] for x in laid[i])
+                            ub, vb, mb = (x[group] for x in laid[j])
                             value = _gram(a, parts[j], ua, ub, va, vb, ma, mb, dtype)
                             grams[group].append(value if i == j else 2 * value)
+            for key in list(alike):  # one product per factor and unit size for all layers of one shape
+                names, layer_factors = zip(*alike.pop(key))
+                u = torch.stack([f.u for f in layer_factors]).to(dtype)
+                v = torch.stack([f.v for f in layer_factors]).to(dtype)
+                for group, (lu, lv) in enumerate(zip(layout.sequences(u, stacked=True),
+                                                     layout.sequences(v, stacked=True))):
+                    value = (torch.bmm(lu, lu.transpose(1, 2)).float() * torch.bmm(lv, lv.transpose(1, 2)).float())
+                    grams[group].append(value.sum((1, 2)).view(len(names), -1).sum(0))
+                stacked.append((list(names), u, v))
             for (units, _, _), values in zip(layout.groups, grams):  # one addition per unit size
                 if values:
                     norms2.index_add_(0, units, torch.stack(values).sum(0))
@@ -520,7 +546,7 @@ class GhostClippingEngine(DPSGDEngine):
                 norms2 += laid_out[1].square().sum(1)
             for g in materialized.values():
                 norms2 += torch.linalg.vector_norm(g.reshape(g.shape[0], -1), dim=1).square()
-        return norms2, laid_out, materialized, ghosted
+        return norms2, laid_out, materialized, ghosted, stacked
 
     def _generic_rows(self, use: _Use) -> dict[str, Tensor]:
         """Per-row gradients of a generic module's own parameters: vmap over the rows of the
@@ -562,18 +588,28 @@ class GhostClippingEngine(DPSGDEngine):
         return {self._names[id(p)]: grads[n].float().reshape(self._rows, -1, *p.shape).sum(1)
                 for n, p in module.named_parameters(recurse=False) if n in grads}
 
+    def _stacks(self) -> bool:
+        """Whether the ghosted layers of one shape share their Gram products and their clipped
+        sum's product, their factors stacked: on an accelerator, where every product is a
+        kernel launch whatever its size (``benchmarks/profile_dp_step.py --launches``); not on
+        a CPU, where the stacked copies and the sums written apart from the step's cost more
+        memory traffic than the calls they save."""
+        return self.device.type != "cpu"
+
     # -- the clipped sum ------------------------------------------------------------------
+
+    def _factor_clip(self, row_clip: Tensor) -> Tensor:
+        """The clip factors for a sum of ghosted factors. In low precision the norm came from
+        Gram matrices and the sum comes from another product, both rounded, and c_i is rounded
+        too (up to 2^-8 up in bfloat16): (1 - 2^-7) c_i keeps a unit's clipped gradient within
+        C (clipping below C is sound; the two products disagree by about 3e-4)."""
+        return row_clip if (self.autocast_dtype or torch.float32) == torch.float32 else row_clip * (1 - 2**-7)
 
     def _add_clipped_factor_sum(self, parts: list[_Factor], row_clip: Tensor, out: Tensor) -> None:
         """Add sum_i c_i sum_t u_it v_it^T over every use of a ghosted parameter to ``out``
         (book-keeping): one product over the micro-batch's tokens per use."""
         dtype = self.autocast_dtype or torch.float32
-        if dtype != torch.float32:
-            # the norm came from Gram matrices and the sum comes from another product, both in
-            # low precision, and c_i is rounded to it (up to 2^-8 up in bfloat16): apply
-            # (1 - 2^-7) c_i, so that a unit's clipped gradient stays within C (clipping below C
-            # is sound; the two products disagree by about 3e-4)
-            row_clip = row_clip * (1 - 2**-7)
+        row_clip = self._factor_clip(row_clip)
         for f in parts:
             v = f.v.to(dtype) * row_clip.to(dtype)[:, None, None]
             if f.onehot:
