@@ -529,13 +529,13 @@ class GhostClippingEngine(DPSGDEngine):
                             ub, vb, mb = (x[group] for x in laid[j])
                             value = _gram(a, parts[j], ua, ub, va, vb, ma, mb, dtype)
                             grams[group].append(value if i == j else 2 * value)
-            for key in list(alike):  # one product per factor and unit size for all layers of one shape
-                names, layer_factors = zip(*alike.pop(key))
+            for bucket in alike.values():  # one product per factor and unit size for all layers of one shape
+                names, layer_factors = zip(*bucket)
                 u = torch.stack([f.u for f in layer_factors]).to(dtype)
                 v = torch.stack([f.v for f in layer_factors]).to(dtype)
                 for group, (lu, lv) in enumerate(zip(layout.sequences(u, stacked=True),
                                                      layout.sequences(v, stacked=True))):
-                    value = (torch.bmm(lu, lu.transpose(1, 2)).float() * torch.bmm(lv, lv.transpose(1, 2)).float())
+                    value = torch.bmm(lu, lu.transpose(1, 2)).float() * torch.bmm(lv, lv.transpose(1, 2)).float()
                     grams[group].append(value.sum((1, 2)).view(len(names), -1).sum(0))
                 stacked.append((list(names), u, v))
             for (units, _, _), values in zip(layout.groups, grams):  # one addition per unit size
