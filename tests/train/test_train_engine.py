@@ -1,8 +1,8 @@
 """The DP-SGD engines against brute force: per-example and per-user clipped gradients, the
 non-private limit, the noise scale, empty batches. Every DP test runs on both engines: the
 ``torch.func`` vmap engine and ghost clipping (with every eligible layer ghosted, every one
-materialized, or the default per-layer choice), so a clipping bug of either path fails
-against the loop."""
+materialized, or the default per-layer choice; the ghosted layers stacked as on an
+accelerator), so a clipping bug of either path fails against the loop."""
 
 from __future__ import annotations
 
