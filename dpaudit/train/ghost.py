@@ -343,8 +343,8 @@ class GhostClippingEngine(DPSGDEngine):
             row_clip = clip[layout.row_unit]
             for name, parts in factors.items():
                 self._add_clipped_factor_sum(parts, row_clip, total[name])
-            if stacked:
-                c = self._factor_clip(row_clip).to(stacked[0][2].dtype)[None, :, None, None]
+            if stacked:  # their factors are in the autocast dtype (_norms)
+                c = self._factor_clip(row_clip).to(self.autocast_dtype or torch.float32)[None, :, None, None]
             for names, u, v in stacked:  # L layers: one product, (L, R, C)
                 sums = torch.bmm(u.flatten(1, 2).transpose(1, 2), (v * c).flatten(1, 2))
                 torch._foreach_add_([total[n] for n in names], list(sums.float().unbind(0)))
