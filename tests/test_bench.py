@@ -149,6 +149,7 @@ def test_gpu_suite_rehearses_on_cpu(tmp_path, monkeypatch, capsys):
     assert [key for key in bench.gpu.MEASURED if result[key] is None] == ["nonprivate_peak_gpu_bytes",
                                                                           "dp_peak_gpu_bytes"]
     assert 0 < result["secure_noise_share"] < 1
+    assert result["details"]["secure_noise_path"] == {"path": "torch", "triton_error": None}  # Triton: CUDA only
     assert result["hardware"]["torch"] == torch.__version__ and result["hardware"]["date"]
     assert result["budget"]["skipped"] == [] and result["wall_s"] < result["budget"]["seconds"]
     assert "secure noise share of a DP step" in capsys.readouterr().out

@@ -26,7 +26,8 @@ first survives a short budget:
   (``SecureGenerator(device).add_noise_all_`` on the float32 sums of every trainable
   parameter, views of one buffer as the engines make them, after a warm-up draw) over the
   time of one DP step in secure mode, which includes that draw; ``details.secure_noise_s``:
-  the draw's median seconds;
+  the draw's median seconds; ``details.secure_noise_path``: the code that drew it (the fused
+  Triton kernel on CUDA, with its keystream checked against OpenSSL's, else torch operations);
 - ``nonprivate_tokens_per_s``, ``dp_tokens_per_s`` (secure mode, the default of DP training)
   and ``dp_tokens_per_s_reproducible`` (noise from a seeded torch generator on the device):
   tokens per second of :data:`STEPS` steps, after a warm-up step, of the non-private engine and
@@ -45,7 +46,9 @@ The clock is the wall time on CUDA (synchronized) and the process's CPU time on 
 
 from __future__ import annotations
 
+import os
 import statistics
+import sys
 import warnings
 from datetime import datetime, timezone
 from typing import Any
@@ -124,6 +127,7 @@ def _training_rows(result: dict[str, Any], reasons: dict[str, str], details: dic
 
     def noise() -> None:
         details["secure_noise_s"] = statistics.median(secure_noise_seconds(model, device=device, draws=NOISE_DRAWS))
+        details["secure_noise_path"] = secure_noise_path(device)
         bar.update(1)
 
     def training(name: str, engine: str, secure: bool, throughput: str, memory: str | None) -> None:
@@ -225,6 +229,22 @@ def secure_noise_seconds(model, *, device: torch.device, draws: int) -> list[flo
         sync(device)
         times.append(now() - start)
     return times
+
+
+def secure_noise_path(device: torch.device) -> dict[str, Any]:
+    """Which code drew the secure noise on ``device``: the fused Triton kernel
+    (:mod:`~dpaudit.train.chacha_triton`) with whether its keystream equals OpenSSL's (4,096
+    blocks across the counter's sign bit, under a fresh key), or the torch operations, with the
+    kernel's error if it failed."""
+    from dpaudit.train import chacha, sampling
+
+    fused = sampling.fused_kernel(device)
+    if fused is None:
+        failed = getattr(sys.modules.get("dpaudit.train.chacha_triton"), "FAILED", None)
+        return {"path": "torch", "triton_error": failed[0] if failed else None}
+    key, nonce, first = os.urandom(32), (1, 2, 3), 2**31 - 64
+    words = fused.words(chacha.key_tensor(key, device), nonce, first=first, blocks=4096).cpu()
+    return {"path": "triton", "words_equal_openssl": torch.equal(words, chacha.OpenSSLStream(key, nonce, first).read(4096))}
 
 
 def hardware(device: torch.device) -> dict[str, Any]:

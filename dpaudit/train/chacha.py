@@ -13,6 +13,9 @@ against each other):
   where it can compile, eager torch otherwise. The path on accelerators for draws of 2^18
   normals and more: the words are made where the noise is added and never cross the bus.
 
+On a CUDA GPU, :mod:`dpaudit.train.chacha_triton` makes the same words, normals and snapped sums
+in one Triton kernel; this module's functions are its reference.
+
 Normals. A draw of ``n`` normals reads ``2 * ceil(n / 32)`` blocks from block counter 0 of its
 nonce. Each group of two blocks makes 32 normals by Box-Muller on 16 pairs of uniforms: pair
 ``k`` takes word ``k`` of the first block (``a``) and word ``k`` of the second (``b``); its angle

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -135,7 +136,8 @@ class SecureRandom:
 class SecureGenerator(torch.Generator):
     """The noise source of secure mode: Gaussians from ChaCha20 (RFC 8439) under a 256-bit key
     drawn once from ``os.urandom`` when the generator is made (once per training run), computed
-    where the tensors are (:mod:`dpaudit.train.chacha`). The key stays in this object: it is not
+    where the tensors are (:mod:`dpaudit.train.chacha`; on a CUDA GPU one Triton kernel a draw,
+    :mod:`dpaudit.train.chacha_triton`). The key stays in this object: it is not
     printed, pickled or written anywhere, so nothing a run leaves behind replays its noise.
 
     Nonce and counter (RFC 8439 2.3: state word 12 is the block counter, words 13-15 the
@@ -236,6 +238,15 @@ class SecureGenerator(torch.Generator):
         groups = -(-n // chacha.GROUP_NORMALS)
         if groups * chacha.GROUP_BLOCKS > chacha.MAX_BLOCKS:
             raise ValueError(f"{n} normals in one draw exceed ChaCha20's 2^32 blocks per nonce")
+        fused = fused_kernel(device)
+        if fused is not None:  # a CUDA device: one Triton kernel makes the words, normals and snapped sums
+            try:
+                fused.fill_(out, key=self._key_tensor(device), nonce=nonce, std=std, spacing=spacing)
+                return
+            except Exception as err:  # noqa: BLE001 - no compiler for this GPU: the torch path is correct too
+                fused.FAILED.append(f"{type(err).__name__}: {err}")
+                warnings.warn(f"the Triton secure-noise kernel failed; draws use torch operations (slower) from now on: "
+                              f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}", stacklevel=3)
         # eager, a draw on an accelerator is the block function's ~2,000 operations, a kernel each
         compiled = chacha.can_compile(device) and (n >= chacha.COMPILE_MIN or device.type != "cpu")
         stream = self._stream(nonce, device, compiled)
@@ -258,13 +269,32 @@ class SecureGenerator(torch.Generator):
     def _stream(self, nonce: tuple[int, int, int], device: torch.device, compiled: bool):
         """The draw's keystream: from OpenSSL on the CPU (and for small draws elsewhere, copied
         over), from torch operations where the tensors are otherwise."""
+        if _OPENSSL and (device.type == "cpu" or not compiled):
+            return chacha.OpenSSLStream(self._key(), nonce)
+        return chacha.TorchStream(self._key_tensor(device), nonce, compiled=compiled)
+
+    def _key(self) -> bytes:
         if self.__pid != os.getpid():  # a forked child
             self.__key, self.__key_on, self.__pid = os.urandom(32), {}, os.getpid()
-        if _OPENSSL and (device.type == "cpu" or not compiled):
-            return chacha.OpenSSLStream(self.__key, nonce)
+        return self.__key
+
+    def _key_tensor(self, device: torch.device) -> torch.Tensor:
+        key = self._key()
         if device not in self.__key_on:
-            self.__key_on[device] = chacha.key_tensor(self.__key, device)
-        return chacha.TorchStream(self.__key_on[device], nonce, compiled=compiled)
+            self.__key_on[device] = chacha.key_tensor(key, device)
+        return self.__key_on[device]
+
+
+def fused_kernel(device: torch.device):
+    """:mod:`~dpaudit.train.chacha_triton` where it runs (a CUDA device, ``triton`` importable,
+    no failure yet in this process), else None."""
+    if device.type != "cuda":
+        return None
+    try:
+        from dpaudit.train import chacha_triton
+    except ImportError:
+        return None
+    return chacha_triton if chacha_triton.available(device) else None
 
 
 def _has_openssl() -> bool:

@@ -5,6 +5,7 @@ thresholds (6 standard errors, p > 1e-6) that a correct generator fails about ne
 from __future__ import annotations
 
 import copy
+import importlib
 import math
 import os
 import pickle
@@ -100,6 +101,124 @@ def test_the_cuda_path_gives_the_same_words(compiled):
     assert words.device.type == "cuda" and torch.equal(words.cpu(), openssl_words(key, nonce, 2**31 - 64, 4096))
     z = chacha.normals(words, compiled=compiled).cpu()
     assert torch.allclose(z, chacha.normals(words.cpu()), atol=1e-5, rtol=1e-5)
+
+
+# --------------------------------------------------------------------------- the Triton kernel
+
+
+@pytest.fixture
+def triton_kernel(monkeypatch):
+    """dpaudit.train.chacha_triton run by Triton's interpreter on the CPU: the kernel's code, with
+    numpy's log, cos and sin where a GPU calls libdevice's."""
+    pytest.importorskip("triton")
+    from dpaudit.train import chacha_triton
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    yield importlib.reload(chacha_triton)
+    monkeypatch.delenv("TRITON_INTERPRET")
+    importlib.reload(chacha_triton)
+
+
+def test_the_triton_kernel_makes_the_rfc_blocks_and_openssl_s_words(triton_kernel):
+    rfc = chacha.key_tensor(RFC_KEY)
+    assert as_bytes(triton_kernel.words(rfc, nonce_words(BLOCK_NONCE), blocks=2)[16:]) == BLOCK_OUT  # counter 1
+    keystream = as_bytes(triton_kernel.words(rfc, nonce_words(CIPHER_NONCE), blocks=4)[16:])  # counters 1, 2, 3
+    assert bytes(p ^ k for p, k in zip(PLAINTEXT, keystream)) == CIPHERTEXT
+    key = os.urandom(32)
+    nonce = (2**31 + 5, 2**32 - 1, 7)  # words with the sign bit set
+    for first, blocks in [(0, 300), (2**31 - 128, 256), (2**32 - 8, 8)]:  # the counter's sign bit, its end
+        words = triton_kernel.words(chacha.key_tensor(key), nonce, first=first, blocks=blocks)
+        assert torch.equal(words, openssl_words(key, nonce, first, blocks))
+    with pytest.raises(ValueError, match="pairs"):
+        triton_kernel.words(rfc, (0, 0, 0), first=1, blocks=2)
+    with pytest.raises(ValueError, match="32-bit counter"):
+        triton_kernel.words(rfc, (0, 0, 0), first=2**32 - 2, blocks=4)
+
+
+def test_the_triton_kernel_makes_the_torch_path_s_normals_and_snapped_sums(triton_kernel):
+    key, nonce, n = os.urandom(32), (3, 1, 0), 1000  # a last group of 8 of its 32 normals
+    words = openssl_words(key, nonce, 0, 2 * 32)
+    buffer = torch.full((n + 100,), 7.0)
+    out = triton_kernel.fill_(buffer[:n], key=chacha.key_tensor(key), nonce=nonce)
+    assert torch.allclose(out, chacha.normals(words)[:n], atol=1e-6, rtol=1e-6)
+    assert (buffer[n:] == 7.0).all()  # nothing written past the tensor
+    std = 1.5
+    spacing = chacha.snap_spacing(std)
+    s = torch.randn(n, generator=torch.Generator().manual_seed(3)) * 10
+    buffer[:n] = s
+    triton_kernel.fill_(buffer[:n], key=chacha.key_tensor(key), nonce=nonce, std=std, spacing=spacing)
+    expected = chacha.noisy_snapped(words, torch.cat([s, torch.zeros(24)]), std=std, spacing=spacing)[:n]
+    assert float((buffer[:n] != expected).float().mean()) < 1e-2  # but a sum within an ulp of a grid boundary
+    assert torch.equal(buffer[:n] / spacing, torch.round(buffer[:n] / spacing)) and (buffer[n:] == 7.0).all()
+    # rounding ties go to even, as torch.round: sums of exactly k + 1/2 grid steps, and no noise
+    ties = torch.tensor([0.5, 1.5, 2.5, -0.5, -1.5, 2.0**23 + 1, 3.25, -7.75]) * spacing
+    tiny = 1e-30  # the noise, std * z, is below every grid step here
+    triton_kernel.fill_(ties, key=chacha.key_tensor(key), nonce=nonce, std=tiny, spacing=spacing)
+    assert ties.div(spacing).tolist() == [0.0, 2.0, 2.0, -0.0, -2.0, 2.0**23 + 1, 3.0, -8.0]
+    for bad in (torch.zeros(10, dtype=torch.float64), torch.zeros(10, 2).t(), torch.zeros(2, 5)):
+        with pytest.raises(ValueError, match="flat contiguous|float32"):
+            triton_kernel.fill_(bad, key=chacha.key_tensor(key), nonce=nonce)
+
+
+def test_a_secure_generator_on_cuda_draws_through_the_kernel_and_falls_back_when_it_fails(triton_kernel, monkeypatch):
+    import dpaudit.train.sampling as sampling
+
+    monkeypatch.setattr(sampling, "fused_kernel", lambda device: triton_kernel if triton_kernel.available(device) else None)
+    monkeypatch.setattr(triton_kernel, "available", lambda device: not triton_kernel.FAILED)  # the CPU plays the GPU
+    key = os.urandom(32)
+    g = generator_with_key(key)
+    g.next_step()
+    z = g.standard_normal((1000,))
+    assert torch.allclose(z, chacha.normals(openssl_words(key, (0, 1, 0), 0, 64))[:1000], atol=1e-6, rtol=1e-6)
+    std = 0.7
+    sums = g.add_noise_(torch.zeros(40, 25), std=std)  # draw 1 of step 1
+    assert g.draws == 2
+    expected = chacha.noisy_snapped(openssl_words(key, (1, 1, 0), 0, 64), torch.zeros(1024), std=std,
+                                    spacing=chacha.snap_spacing(std))[:1000]
+    assert float((sums.flatten() != expected).float().mean()) < 1e-2
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no compiler for this GPU")
+
+    monkeypatch.setattr(triton_kernel, "fill_", broken)
+    with pytest.warns(UserWarning, match="Triton secure-noise kernel failed"):
+        z = g.standard_normal((1000,))  # draw 2: the torch path makes the same normals
+    assert torch.allclose(z, chacha.normals(openssl_words(key, (2, 1, 0), 0, 64))[:1000], atol=1e-6, rtol=1e-6)
+    assert triton_kernel.FAILED and sampling.fused_kernel(torch.device("cpu")) is None
+
+
+@pytest.mark.parametrize("mode", [0, 1, 2])
+def test_the_triton_kernel_compiles_for_a_gpu_without_one(mode):
+    """The compiled kernel, libdevice's log, cos and sin included, built for an H100 (sm_90) by
+    Triton and ptxas on this machine: the part of the GPU path that the interpreter does not run."""
+    triton = pytest.importorskip("triton")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from dpaudit.train import chacha_triton
+
+    signature = {"out_ptr": "*i32" if mode == 0 else "*fp32", "n": "i64", "first_group": "i32", "key_ptr": "*i32",
+                 "nonce0": "i32", "nonce1": "i32", "nonce2": "i32", "std": "fp32", "spacing": "fp32", "scale": "fp32",
+                 "MODE": "constexpr", "PRECISE": "constexpr", "BLOCK": "constexpr"}
+    source = ASTSource(fn=chacha_triton._normals_kernel, signature=signature,
+                       constexprs={"MODE": mode, "PRECISE": True, "BLOCK": chacha_triton._BLOCK})
+    kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"enable_fp_fusion": False})
+    ptx = kernel.asm["ptx"]
+    # one double round of each block, looped ten times: its rotations by 12 and 7 are funnel shifts
+    assert kernel.asm["cubin"] and ptx.count("shf.l.wrap.b32") >= 2 * 8 * 2
+    assert "lg2.approx" not in ptx and "sin.approx" not in ptx and "cos.approx" not in ptx
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_the_triton_kernel_on_cuda_gives_openssl_s_words_and_the_torch_path_s_normals():
+    from dpaudit.train import chacha_triton
+
+    key, nonce = os.urandom(32), (7, 8, 9)
+    cuda_key = chacha.key_tensor(key, "cuda")
+    words = chacha_triton.words(cuda_key, nonce, first=2**31 - 64, blocks=4096)
+    assert torch.equal(words.cpu(), openssl_words(key, nonce, 2**31 - 64, 4096))
+    z = chacha_triton.fill_(torch.empty(2**16, device="cuda"), key=cuda_key, nonce=nonce).cpu()
+    assert torch.allclose(z, chacha.normals(openssl_words(key, nonce, 0, 2**12)), atol=1e-5, rtol=1e-5)
 
 
 # --------------------------------------------------------------------------- the generator
