@@ -27,7 +27,8 @@ first survives a short budget:
   parameter, views of one buffer as the engines make them, after a warm-up draw) over the
   time of one DP step in secure mode, which includes that draw; ``details.secure_noise_s``:
   the draw's median seconds; ``details.secure_noise_path``: the code that drew it (the fused
-  Triton kernel on CUDA, with its keystream checked against OpenSSL's, else torch operations);
+  Triton kernel on CUDA, with its keystream checked against OpenSSL's, else torch operations),
+  and with the kernel ``details.secure_noise_s_torch_path``, the same draw by torch operations;
 - ``nonprivate_tokens_per_s``, ``dp_tokens_per_s`` (secure mode, the default of DP training)
   and ``dp_tokens_per_s_reproducible`` (noise from a seeded torch generator on the device):
   tokens per second of :data:`STEPS` steps, after a warm-up step, of the non-private engine and
@@ -128,6 +129,9 @@ def _training_rows(result: dict[str, Any], reasons: dict[str, str], details: dic
     def noise() -> None:
         details["secure_noise_s"] = statistics.median(secure_noise_seconds(model, device=device, draws=NOISE_DRAWS))
         details["secure_noise_path"] = secure_noise_path(device)
+        if details["secure_noise_path"]["path"] == "triton":  # the torch operations' draw, for comparison
+            details["secure_noise_s_torch_path"] = statistics.median(
+                secure_noise_seconds(model, device=device, draws=NOISE_DRAWS, fused=False))
         bar.update(1)
 
     def training(name: str, engine: str, secure: bool, throughput: str, memory: str | None) -> None:
@@ -208,15 +212,16 @@ def host_waits(factory, model, units, *, device: torch.device, private: bool, se
     return sum(1 for w in caught if "synchronizing" in str(w.message))
 
 
-def secure_noise_seconds(model, *, device: torch.device, draws: int) -> list[float]:
+def secure_noise_seconds(model, *, device: torch.device, draws: int, fused: bool = True) -> list[float]:
     """Seconds of each of ``draws`` draws of one step's noise from the secure generator, after
     a warm-up draw: :meth:`~dpaudit.train.sampling.SecureGenerator.add_noise_all_` on the
     float32 sums of every trainable parameter on ``device`` (views of one buffer, as the
-    engines' :func:`~dpaudit.train.engine.zero_sums`), as secure mode's step does."""
+    engines' :func:`~dpaudit.train.engine.zero_sums`), as secure mode's step does; ``fused``
+    False keeps a CUDA device's draws off the Triton kernel."""
     from dpaudit.train.engine import trainable_parameters, zero_sums
     from dpaudit.train.sampling import SecureGenerator
 
-    generator = SecureGenerator(device)
+    generator = SecureGenerator(device, fused=fused)
     sums = list(zero_sums(trainable_parameters(model)).values())
     now = clock(device)
     times = []

@@ -154,10 +154,11 @@ class SecureGenerator(torch.Generator):
     their own noise, Opacus) gets torch's generator, which :meth:`next_step` re-seeds with
     63 fresh bits of the OS CSPRNG (:func:`os_seed`) at every step."""
 
-    def __new__(cls, device: torch.device | str = "cpu"):
+    def __new__(cls, device: torch.device | str = "cpu", *, fused: bool = True):
         return super().__new__(cls, device)
 
-    def __init__(self, device: torch.device | str = "cpu"):
+    def __init__(self, device: torch.device | str = "cpu", *, fused: bool = True):
+        self.fused = fused  # False: no Triton kernel, torch operations on a GPU too (to compare)
         self.__key = os.urandom(32)
         self.__key_on: dict[torch.device, torch.Tensor] = {}
         self.__pid = os.getpid()  # the process that drew the key
@@ -238,7 +239,7 @@ class SecureGenerator(torch.Generator):
         groups = -(-n // chacha.GROUP_NORMALS)
         if groups * chacha.GROUP_BLOCKS > chacha.MAX_BLOCKS:
             raise ValueError(f"{n} normals in one draw exceed ChaCha20's 2^32 blocks per nonce")
-        fused = fused_kernel(device)
+        fused = fused_kernel(device) if self.fused else None
         if fused is not None:  # a CUDA device: one Triton kernel makes the words, normals and snapped sums
             try:
                 fused.fill_(out, key=self._key_tensor(device), nonce=nonce, std=std, spacing=spacing)

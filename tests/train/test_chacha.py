@@ -165,6 +165,8 @@ def test_a_secure_generator_on_cuda_draws_through_the_kernel_and_falls_back_when
 
     monkeypatch.setattr(sampling, "fused_kernel", lambda device: triton_kernel if triton_kernel.available(device) else None)
     monkeypatch.setattr(triton_kernel, "available", lambda device: not triton_kernel.FAILED)  # the CPU plays the GPU
+    calls, fill = [], triton_kernel.fill_
+    monkeypatch.setattr(triton_kernel, "fill_", lambda *args, **kwargs: calls.append(kwargs["nonce"]) or fill(*args, **kwargs))
     key = os.urandom(32)
     g = generator_with_key(key)
     g.next_step()
@@ -176,6 +178,10 @@ def test_a_secure_generator_on_cuda_draws_through_the_kernel_and_falls_back_when
     expected = chacha.noisy_snapped(openssl_words(key, (1, 1, 0), 0, 64), torch.zeros(1024), std=std,
                                     spacing=chacha.snap_spacing(std))[:1000]
     assert float((sums.flatten() != expected).float().mean()) < 1e-2
+    assert calls == [(0, 1, 0), (1, 1, 0)]
+    plain = generator_with_key(key, fused=False)  # torch operations: the same normals
+    plain.next_step()
+    assert torch.allclose(plain.standard_normal((1000,)), z, atol=1e-6, rtol=1e-6) and len(calls) == 2
 
     def broken(*args, **kwargs):
         raise RuntimeError("no compiler for this GPU")
@@ -224,9 +230,9 @@ def test_the_triton_kernel_on_cuda_gives_openssl_s_words_and_the_torch_path_s_no
 # --------------------------------------------------------------------------- the generator
 
 
-def generator_with_key(key: bytes, device="cpu") -> SecureGenerator:
+def generator_with_key(key: bytes, device="cpu", **kwargs) -> SecureGenerator:
     """A SecureGenerator under a known key: tests only (a real one never shows its key)."""
-    g = SecureGenerator(device)
+    g = SecureGenerator(device, **kwargs)
     g._SecureGenerator__key = key
     return g
 
