@@ -27,7 +27,7 @@ first survives a short budget:
   parameter, views of one buffer as the engines make them, after a warm-up draw) over the
   time of one DP step in secure mode, which includes that draw; ``details.secure_noise_s``:
   the draw's median seconds; ``details.secure_noise_path``: the code that drew it (the fused
-  Triton kernel on CUDA, with its keystream checked against OpenSSL's, else torch operations),
+  Triton kernel on CUDA, with its keystream checked against the CPU's, else torch operations),
   and with the kernel ``details.secure_noise_s_torch_path``, the same draw by torch operations;
 - ``nonprivate_tokens_per_s``, ``dp_tokens_per_s`` (secure mode, the default of DP training)
   and ``dp_tokens_per_s_reproducible`` (noise from a seeded torch generator on the device):
@@ -238,9 +238,10 @@ def secure_noise_seconds(model, *, device: torch.device, draws: int, fused: bool
 
 def secure_noise_path(device: torch.device) -> dict[str, Any]:
     """Which code drew the secure noise on ``device``: the fused Triton kernel
-    (:mod:`~dpaudit.train.chacha_triton`) with whether its keystream equals OpenSSL's (4,096
-    blocks across the counter's sign bit, under a fresh key), or the torch operations, with the
-    kernel's error if it failed."""
+    (:mod:`~dpaudit.train.chacha_triton`), with whether its keystream equals the block function
+    run by torch on the CPU (4,096 blocks across the counter's sign bit, under a fresh key; that
+    reference is tested against RFC 8439 and OpenSSL, and needs no ``cryptography``, which a lent
+    machine may lack), or the torch operations, with the kernel's error if it failed."""
     from dpaudit.train import chacha, sampling
 
     fused = sampling.fused_kernel(device)
@@ -249,7 +250,8 @@ def secure_noise_path(device: torch.device) -> dict[str, Any]:
         return {"path": "torch", "triton_error": failed[0] if failed else None}
     key, nonce, first = os.urandom(32), (1, 2, 3), 2**31 - 64
     words = fused.words(chacha.key_tensor(key, device), nonce, first=first, blocks=4096).cpu()
-    return {"path": "triton", "words_equal_openssl": torch.equal(words, chacha.OpenSSLStream(key, nonce, first).read(4096))}
+    reference = chacha.TorchStream(chacha.key_tensor(key), nonce, first).read(4096)
+    return {"path": "triton", "words_equal_reference": torch.equal(words, reference)}
 
 
 def hardware(device: torch.device) -> dict[str, Any]:

@@ -193,6 +193,18 @@ def test_a_secure_generator_on_cuda_draws_through_the_kernel_and_falls_back_when
     assert triton_kernel.FAILED and sampling.fused_kernel(torch.device("cpu")) is None
 
 
+def test_the_gpu_check_records_the_kernel_and_its_words(triton_kernel, monkeypatch):
+    import dpaudit.train.sampling as sampling
+    from dpaudit.bench.gpu import secure_noise_path
+
+    cpu = torch.device("cpu")
+    assert secure_noise_path(cpu) == {"path": "torch", "triton_error": None}
+    monkeypatch.setattr(sampling, "fused_kernel", lambda device: triton_kernel)  # the CPU plays the GPU
+    assert secure_noise_path(cpu) == {"path": "triton", "words_equal_reference": True}
+    monkeypatch.setattr(triton_kernel, "_launch", lambda out, *a, **k: out.zero_())  # a kernel that writes nothing
+    assert secure_noise_path(cpu)["words_equal_reference"] is False
+
+
 @pytest.mark.parametrize("mode", [0, 1, 2])
 def test_the_triton_kernel_compiles_for_a_gpu_without_one(mode):
     """The compiled kernel, libdevice's log, cos and sin included, built for an H100 (sm_90) by
