@@ -175,7 +175,6 @@ def words(key: torch.Tensor, nonce: tuple[int, int, int], *, first: int = 0, blo
     normals, from block 0."""
     if first % chacha.GROUP_BLOCKS or blocks % chacha.GROUP_BLOCKS:
         raise ValueError("the kernel makes blocks in pairs")
-    chacha._check_range(first, blocks)
     out = torch.empty(blocks * chacha.WORDS_PER_BLOCK, dtype=torch.int32, device=key.device)
     return _launch(out, key, nonce, 0, 0.0, 1.0, first_group=first // chacha.GROUP_BLOCKS)
 
@@ -185,8 +184,7 @@ def _launch(out, key, nonce, mode, std, spacing, first_group=0):
         raise ValueError("the kernel fills a flat contiguous tensor")
     n = out.numel()
     groups = -(-n // chacha.GROUP_NORMALS)
-    if groups * chacha.GROUP_BLOCKS > chacha.MAX_BLOCKS:
-        raise ValueError(f"{n} normals in one draw exceed ChaCha20's 2^32 blocks per nonce")
+    chacha._check_range(first_group * chacha.GROUP_BLOCKS, groups * chacha.GROUP_BLOCKS)
     if n:
         _normals_kernel[(triton.cdiv(groups, _BLOCK),)](
             out, n, first_group, key, *(chacha._int32(w) for w in nonce), float(std), float(spacing), 1.0 / spacing,
