@@ -59,7 +59,7 @@ import torch
 from dpaudit.bench import workload
 from dpaudit.bench.engines import engine_factories
 from dpaudit.bench.rows import run_bench
-from dpaudit.bench.timing import Budget, clock, run_row, set_threads, sync, time_steps
+from dpaudit.bench.timing import Budget, clock, run_row, set_threads, sync, timed, training_steps
 from dpaudit.devices import resolve_device
 from dpaudit.errors import InputError
 from dpaudit.progress import Progress
@@ -135,11 +135,10 @@ def _training_rows(result: dict[str, Any], reasons: dict[str, str], details: dic
         bar.update(1)
 
     def training(name: str, engine: str, secure: bool, throughput: str, memory: str | None) -> None:
-        seconds, peak = _training_steps(factories[engine], model, units, device=device, private=engine != "nonprivate",
-                                        secure=secure)
-        if device.type == "cuda":
-            details["host_waits_per_step"][name] = host_waits(factories[engine], model, units, device=device,
-                                                              private=engine != "nonprivate", secure=secure)
+        seconds, peak, waits = _training_steps(factories[engine], model, units, device=device,
+                                               private=engine != "nonprivate", secure=secure)
+        if waits is not None:
+            details["host_waits_per_step"][name] = waits
         details["seconds_per_step"][name] = seconds
         details["peak_gpu_bytes"][name] = peak
         result[throughput] = tokens / seconds
@@ -166,49 +165,35 @@ def _training_rows(result: dict[str, Any], reasons: dict[str, str], details: dic
 
 
 def _training_steps(factory, model, units, *, device: torch.device, private: bool,
-                    secure: bool) -> tuple[float, int | None]:
+                    secure: bool) -> tuple[float, int | None, int | None]:
     """Median seconds per training step (:data:`STEPS` after a warm-up) and, on CUDA, the peak
-    bytes allocated over them. The weights are not restored: a copy would count in the peak."""
-    if device.type == "cuda":
+    bytes allocated over them and :func:`host_waits` of one more step. The weights are not
+    restored: a copy would count in the peak."""
+    cuda = device.type == "cuda"
+    if cuda:
         torch.cuda.reset_peak_memory_stats(device)
     batch = len(units)
-    times = time_steps(factory, model, units, batch=batch, microbatch=min(batch, workload.MICROBATCH), device=device,
-                       private=private, steps=STEPS, autocast_dtype=torch.bfloat16 if device.type == "cuda" else None,
-                       secure=secure, restore=False)
-    peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
-    return statistics.median(times), peak
+    with training_steps(factory, model, units, batch=batch, microbatch=min(batch, workload.MICROBATCH),
+                        device=device, private=private, autocast_dtype=torch.bfloat16 if cuda else None,
+                        secure=secure, restore=False) as step:
+        times = timed(step, steps=STEPS, device=device)
+        peak = torch.cuda.max_memory_allocated(device) if cuda else None
+        waits = host_waits(step) if cuda else None
+    return statistics.median(times), peak, waits
 
 
-def host_waits(factory, model, units, *, device: torch.device, private: bool, secure: bool) -> int:
-    """How many times one training step (engine and AdamW, after a warm-up step) makes the
-    host wait for the GPU: the synchronizing CUDA calls that ``torch.cuda.set_sync_debug_mode``
-    reports. The engines read nothing back within a step (tests/train/test_step_waits.py);
-    the model's own forward may (SDPA's mask code reads the mask)."""
-    from dpaudit.bench.engines import make_engine
-    from dpaudit.train.sampling import SecureGenerator
-
-    batch = len(units)
-    engine = make_engine(factory, model, batch=batch, microbatch=min(batch, workload.MICROBATCH), device=device,
-                         private=private, autocast_dtype=torch.bfloat16)
-    optimizer = torch.optim.AdamW(list(engine.params.values()), lr=1e-5)
-    generator = SecureGenerator(device) if secure else torch.Generator(device=device).manual_seed(0)
-    try:
-        for counted in (False, True):
-            if secure:
-                generator.next_step()
-            sync(device)
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                torch.cuda.set_sync_debug_mode("warn" if counted else "default")
-                try:
-                    engine.step(units, generator)
-                    optimizer.step()
-                    optimizer.zero_grad(set_to_none=True)
-                finally:
-                    torch.cuda.set_sync_debug_mode("default")
-            sync(device)
-    finally:
-        engine.close()
+def host_waits(step) -> int:
+    """How many times one training ``step`` (:func:`~dpaudit.bench.timing.training_steps`)
+    makes the host wait for the GPU: the synchronizing CUDA calls that
+    ``torch.cuda.set_sync_debug_mode`` reports. The engines read nothing back within a step
+    (tests/train/test_step_waits.py); the model's own forward may (SDPA's mask code reads the mask)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            step()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
     return sum(1 for w in caught if "synchronizing" in str(w.message))
 
 

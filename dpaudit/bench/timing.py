@@ -7,10 +7,11 @@ machine runs); on CUDA it is the wall time, synchronized.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -39,13 +40,14 @@ def clock(device: torch.device) -> Callable[[], float]:
     return time.process_time if device.type == "cpu" else time.perf_counter
 
 
-def time_steps(factory, model, units, *, batch: int, microbatch: int, device: torch.device, private: bool,
-               steps: int, autocast_dtype=None, secure: bool = False, restore: bool = True) -> list[float]:
-    """Seconds of ``steps`` engine + AdamW steps after one warm-up step, by :func:`clock`
-    (synchronized on CUDA). The noise comes from a seeded torch generator on ``device``, or,
-    with ``secure``, from :class:`~dpaudit.train.sampling.SecureGenerator` (secure mode, the
-    default of DP training). With ``restore`` the model's weights are restored afterwards (from
-    a copy taken first), so every engine starts from the same model."""
+@contextlib.contextmanager
+def training_steps(factory, model, units, *, batch: int, microbatch: int, device: torch.device, private: bool,
+                   autocast_dtype=None, secure: bool = False, restore: bool = True) -> Iterator[Callable[[], None]]:
+    """A function that runs one training step as the training loop does: the engine's step on
+    ``units`` and AdamW's. The noise comes from a seeded torch generator on ``device``, or, with
+    ``secure``, from :class:`~dpaudit.train.sampling.SecureGenerator` (secure mode, the default
+    of DP training), whose nonces move on at every step. With ``restore`` the model's weights are
+    restored on exit (from a copy taken first), so every engine starts from the same model."""
     from dpaudit.train.sampling import SecureGenerator
 
     state = {k: v.clone() for k, v in model.state_dict().items()} if restore else None
@@ -53,22 +55,43 @@ def time_steps(factory, model, units, *, batch: int, microbatch: int, device: to
                          autocast_dtype=autocast_dtype)
     optimizer = torch.optim.AdamW(list(engine.params.values()), lr=1e-5)
     generator = SecureGenerator(device) if secure else torch.Generator(device=device).manual_seed(0)
-    now = clock(device)
-    times = []
+
+    def step() -> None:
+        if secure:
+            generator.next_step()
+        engine.step(units, generator)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
     try:
-        for i in range(steps + 1):
-            sync(device)
-            start = now()
-            engine.step(units, generator)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            sync(device)
-            if i > 0:
-                times.append(now() - start)
+        yield step
     finally:
         engine.close()
         if state is not None:
             model.load_state_dict(state)
+
+
+def time_steps(factory, model, units, *, batch: int, microbatch: int, device: torch.device, private: bool,
+               steps: int, autocast_dtype=None, secure: bool = False, restore: bool = True) -> list[float]:
+    """Seconds of ``steps`` steps of :func:`training_steps` (the other arguments are its) after
+    one warm-up step (:func:`timed`)."""
+    with training_steps(factory, model, units, batch=batch, microbatch=microbatch, device=device, private=private,
+                        autocast_dtype=autocast_dtype, secure=secure, restore=restore) as step:
+        return timed(step, steps=steps, device=device)
+
+
+def timed(step: Callable[[], None], *, steps: int, device: torch.device) -> list[float]:
+    """Seconds of ``steps`` calls of ``step`` after one warm-up call, by :func:`clock`
+    (synchronized on CUDA)."""
+    now = clock(device)
+    times = []
+    for i in range(steps + 1):
+        sync(device)
+        start = now()
+        step()
+        sync(device)
+        if i > 0:
+            times.append(now() - start)
     return times
 
 
