@@ -3,6 +3,8 @@ measured is null with a reason."""
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import json
 import math
 import time
@@ -151,6 +153,8 @@ def test_gpu_suite_rehearses_on_cpu(tmp_path, monkeypatch, capsys):
     assert 0 < result["secure_noise_share"] < 1
     assert result["details"]["secure_noise_path"] == {"path": "torch", "triton_error": None}  # Triton: CUDA only
     assert result["hardware"]["torch"] == torch.__version__ and result["hardware"]["date"]
+    installed = importlib.util.find_spec("triton") is not None
+    assert result["hardware"]["triton"] == (importlib.import_module("triton").__version__ if installed else None)
     assert result["budget"]["skipped"] == [] and result["wall_s"] < result["budget"]["seconds"]
     assert "secure noise share of a DP step" in capsys.readouterr().out
 

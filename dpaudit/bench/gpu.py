@@ -20,7 +20,7 @@ The JSON object (``schema_version`` 1), its figures in the order measured, so th
 first survives a short budget:
 
 - ``suite``, ``model``, ``device``, ``precision``, ``clock``, ``batch_size``, ``length``: what
-  ran; ``hardware``: the GPU's name and memory, the torch and CUDA versions, the date (UTC);
+  ran; ``hardware``: the GPU's name and memory, the torch, CUDA and Triton versions, the date (UTC);
   ``manifest``: package versions, git commit and platform (:func:`dpaudit.stages.artifacts.manifest`);
 - ``secure_noise_share``: the time to add one step's Gaussian noise with the secure generator
   (``SecureGenerator(device).add_noise_all_`` on the float32 sums of every trainable
@@ -52,6 +52,7 @@ import statistics
 import sys
 import warnings
 from datetime import datetime, timezone
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 import torch
@@ -240,10 +241,15 @@ def secure_noise_path(device: torch.device) -> dict[str, Any]:
 
 
 def hardware(device: torch.device) -> dict[str, Any]:
-    """The GPU (name, memory), the torch and CUDA versions, and the date (UTC)."""
+    """The GPU (name, memory), the torch, CUDA and Triton versions (Triton's compiles the secure
+    noise's kernel; None where it is not installed), and the date (UTC)."""
     cuda = device.type == "cuda"
+    try:
+        triton = version("triton")
+    except PackageNotFoundError:
+        triton = None
     return {"gpu": torch.cuda.get_device_name(device) if cuda else None,
             "gpu_memory_bytes": torch.cuda.get_device_properties(device).total_memory if cuda else None,
-            "torch": torch.__version__, "cuda": torch.version.cuda,
+            "torch": torch.__version__, "cuda": torch.version.cuda, "triton": triton,
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
 
