@@ -110,12 +110,22 @@ def test_the_cuda_path_gives_the_same_words(compiled):
 def triton_kernel(monkeypatch):
     """dpaudit.train.chacha_triton run by Triton's interpreter on the CPU: the kernel's code, with
     numpy's log, cos and sin where a GPU calls libdevice's."""
-    pytest.importorskip("triton")
+    tl = pytest.importorskip("triton.language")
     from dpaudit.train import chacha_triton
 
+    # Triton before 3.7 leaves the interpreter's patches of triton.language in place, after
+    # which nothing in the process compiles for a GPU: put back what it changed
+    patched = [tl, tl.core, tl.math, tl.core.tensor, tl.core.dtype, chacha_triton.libdevice]
+    saved = [dict(vars(obj)) for obj in patched]
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     yield importlib.reload(chacha_triton)
     monkeypatch.delenv("TRITON_INTERPRET")
+    for obj, before in zip(patched, saved):
+        for name in set(vars(obj)) - set(before):
+            delattr(obj, name)
+        for name, value in before.items():
+            if vars(obj).get(name) is not value:
+                setattr(obj, name, value)
     importlib.reload(chacha_triton)
 
 
