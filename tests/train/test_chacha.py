@@ -113,8 +113,8 @@ def triton_kernel(monkeypatch):
     tl = pytest.importorskip("triton.language")
     from dpaudit.train import chacha_triton
 
-    # Triton before 3.7 leaves the interpreter's patches of triton.language in place, after
-    # which nothing in the process compiles for a GPU: put back what it changed
+    # Triton 3.5 leaves the interpreter's patches of triton.language in place, after which
+    # nothing in the process compiles for a GPU (3.7 and 3.9 undo them): put back what changed
     patched = [tl, tl.core, tl.math, tl.core.tensor, tl.core.dtype, chacha_triton.libdevice]
     saved = [dict(vars(obj)) for obj in patched]
     monkeypatch.setenv("TRITON_INTERPRET", "1")
