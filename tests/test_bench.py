@@ -147,11 +147,14 @@ def test_gpu_suite_rehearses_on_cpu(tmp_path, monkeypatch, capsys):
         assert measured(result[key], key, result["reasons"]), key
     for key in bench.KEYS[:7]:
         assert measured(result["bench"][key], key, result["bench"]["reasons"]), key
-    # on a CPU every figure but the GPU's memory is measured, and a secure DP step includes its noise
+    # on a CPU every figure but the GPU's memory is measured; the share is the draw over the secure
+    # DP step, which includes a draw, but both are timed: under load (two test processes on two
+    # cores) the ratio of their medians read 1.04 once, where it reads about 0.3 alone
     assert [key for key in bench.gpu.MEASURED if result[key] is None] == ["nonprivate_peak_gpu_bytes",
                                                                           "dp_peak_gpu_bytes"]
-    assert 0 < result["secure_noise_share"] < 1
-    assert result["details"]["secure_noise_path"] == {"path": "torch", "triton_error": None}  # Triton: CUDA only
+    details = result["details"]
+    assert result["secure_noise_share"] == details["secure_noise_s"] / details["seconds_per_step"]["dp"]
+    assert details["secure_noise_path"] == {"path": "torch", "triton_error": None}  # Triton: CUDA only
     assert result["hardware"]["torch"] == torch.__version__ and result["hardware"]["date"]
     installed = importlib.util.find_spec("triton") is not None
     assert result["hardware"]["triton"] == (importlib.import_module("triton").__version__ if installed else None)
