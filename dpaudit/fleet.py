@@ -229,10 +229,15 @@ def _parent_log_file() -> str | None:
     return next((h.baseFilename for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)), None)
 
 
-def _init_worker(threads: int, log_path: str | None = None) -> None:
+def _init_worker(threads: int, log_path: str | None, parent: int) -> None:
     """A pool process: its threads, no bars of its own (they would interleave), progress
-    lines on stderr and in the run's log."""
+    lines on stderr and in the run's log. It leaves interrupts to ``parent`` (a Ctrl-C
+    reaches the whole process group) and ends when ``parent`` ends."""
     import logging
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _end_with(parent)
 
     import torch
 
@@ -251,6 +256,22 @@ def _init_worker(threads: int, log_path: str | None = None) -> None:
         root.addHandler(handler)
 
 
+def _end_with(parent: int) -> None:
+    """End this process within a tenth of a second of ``parent``'s end, even by SIGKILL: an
+    orphaned worker would go on with the job it holds, then the queued ones, and write their
+    models into a run directory that a resumed run is working in. A thread watches the
+    parent's PID, which works on every platform (Linux's ``PR_SET_PDEATHSIG`` is Linux's alone)."""
+    import threading
+    import time
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.1)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="end-with-parent", daemon=True).start()
+
+
 def _progress_bar(total: int, done: int, enabled: bool, desc: str = "fleet"):
     from dpaudit.progress import Progress
 
@@ -262,7 +283,9 @@ def run_local(job: Job, *, directory: Path, todo: Sequence[Any], total: int, wor
     """``job(str(directory), key)`` for every key of ``todo``: in this process when ``workers``
     is 1, else in a pool of ``workers`` spawned processes with ``cpu_count // workers`` torch
     threads each. The first job that raises stops the pool (the running ones finish) and
-    its error is raised. ``total`` and ``desc``: the progress bar's."""
+    its error is raised. An interrupt (``KeyboardInterrupt``) drops the queued jobs and ends
+    the running ones at once, and the workers end with this process even when it is killed.
+    ``total`` and ``desc``: the progress bar's."""
     workers = min(workers, len(todo))
     threads = max(1, (os.cpu_count() or 1) // workers)
     with _progress_bar(total, total - len(todo), progress, desc) as bar:
@@ -277,24 +300,41 @@ def run_local(job: Job, *, directory: Path, todo: Sequence[Any], total: int, wor
 
         context = multiprocessing.get_context("spawn")  # spawn copies sys.path to the children
         with ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker,
-                                 initargs=(threads, _parent_log_file())) as pool:
-            pending = {pool.submit(job, str(directory), key): key for key in todo}
-            failure = None
-            while pending and failure is None:
-                finished, _ = wait(pending, return_when=FIRST_EXCEPTION)
-                for future in finished:
-                    pending.pop(future)
-                    if future.exception() is not None and failure is None:
-                        failure = future
-                    elif future.exception() is None:
-                        bar.update(1)
-            if failure is not None:
-                # let running models finish (they count for a resume); drop the rest
-                for future in pending:
-                    future.cancel()
-                wait(pending)
-                bar.update(sum(1 for f in pending if not f.cancelled() and f.exception() is None))
-                raise failure.exception()
+                                 initargs=(threads, _parent_log_file(), os.getpid())) as pool:
+            try:
+                pending = {pool.submit(job, str(directory), key): key for key in todo}
+                failure = None
+                while pending and failure is None:
+                    finished, _ = wait(pending, return_when=FIRST_EXCEPTION)
+                    for future in finished:
+                        pending.pop(future)
+                        if future.exception() is not None and failure is None:
+                            failure = future
+                        elif future.exception() is None:
+                            bar.update(1)
+                if failure is not None:
+                    # let running models finish (they count for a resume); drop the rest
+                    for future in pending:
+                        future.cancel()
+                    wait(pending)
+                    bar.update(sum(1 for f in pending if not f.cancelled() and f.exception() is None))
+            except BaseException:  # interrupted: drop the queued jobs and end the running ones now
+                _stop(pool)
+                raise
+        if failure is not None:
+            raise failure.exception()
+
+
+def _stop(pool) -> None:
+    """Cancel ``pool``'s queued jobs and end its processes (a job's files are written whole or
+    not at all, so a resumed run redoes the jobs cut short). ``_processes`` is the executor's
+    own: Python 3.14's ``terminate_workers`` is its public form."""
+    processes = list((getattr(pool, "_processes", None) or {}).values())
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in processes:
+        process.terminate()
+    for process in processes:
+        process.join()
 
 
 def _run_ray(job: Job, *, fleet_dir: Path, todo: list[int], num_models: int, fleet: FleetConfig, trainer: str,
