@@ -1,8 +1,9 @@
-"""The local pool when its parent is stopped: SIGKILL, SIGINT to the parent alone, or Ctrl-C
-(SIGINT to the whole process group). In each case no worker outlives the parent, and no job
-runs on (the one it holds or a queued one) to write into the directory that a resumed run
-would use. Before the fix, a SIGKILLed parent's workers went on with their jobs and then the
-queued ones, and a SIGINT waited for every queued job."""
+"""The local pool and the Ray executor when the run's process is stopped: SIGKILL, SIGINT to
+the process alone, or Ctrl-C (SIGINT to the whole process group). In each case no worker
+outlives it, and no job runs on (the one it holds or a queued one) to write into the directory
+that a resumed run would use. Before the fix, a SIGKILLed parent's pool workers went on with
+their jobs and then the queued ones, and a SIGINT waited for every queued job. On Ray, Ray
+itself ends a killed driver's tasks (its owner fate-sharing); the test holds it to that."""
 
 from __future__ import annotations
 
@@ -36,13 +37,43 @@ def alive(pid: int) -> bool:
     return not (stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] == "Z")
 
 
-@pytest.mark.parametrize(("how", "group"), [(signal.SIGKILL, False), (signal.SIGINT, False), (signal.SIGINT, True)],
-                         ids=["sigkill", "sigint", "ctrl-c"])
+HOW = pytest.mark.parametrize(("how", "group"), [(signal.SIGKILL, False), (signal.SIGINT, False), (signal.SIGINT, True)],
+                              ids=["sigkill", "sigint", "ctrl-c"])
+
+
+@HOW
 def test_no_pool_worker_outlives_a_stopped_parent(tmp_path, how, group):
     script = (f"import sys; sys.path[:0] = [{str(HERE)!r}, {str(HERE.parent)!r}]; from pathlib import Path; "
               "from dpaudit.fleet import run_local; from test_pool_interrupt import sleepy_job; "
               f"run_local(sleepy_job, directory=Path({str(tmp_path)!r}), todo=[0, 1, 2, 3], total=4, workers=2, "
               "progress=False)")
+    stop_and_check(script, tmp_path, how=how, group=group, job_seconds=JOB_SECONDS, exit_within=JOB_SECONDS / 2)
+
+
+@pytest.mark.slow
+@HOW
+def test_no_ray_task_outlives_a_stopped_driver(tmp_path, how, group):
+    """The driver starts its own Ray instance, as ``fleet.executor: ray`` without an address
+    does; the job is defined in the driver's ``__main__``, which Ray ships by value."""
+    pytest.importorskip("ray")
+    seconds = 10.0  # Ray's start and shutdown take seconds
+    script = ("import os, time; from pathlib import Path; from dpaudit.config import FleetConfig; "
+              "from dpaudit.fleet import _run_ray\n"
+              "def job(directory, key, threads):\n"
+              "    (Path(directory) / f'started-{key}').write_text(str(os.getpid()))\n"
+              f"    time.sleep({seconds})\n"
+              "    (Path(directory) / f'done-{key}').write_text(str(os.getpid()))\n"
+              f"_run_ray(job, fleet_dir=Path({str(tmp_path)!r}), todo=[0, 1, 2, 3], num_models=4, "
+              "fleet=FleetConfig(executor='ray', workers=2), trainer='dpaudit.train:nonprivate', address=None, "
+              "workers=2, progress=False)")
+    stop_and_check(script, tmp_path, how=how, group=group, job_seconds=seconds, exit_within=seconds / 2)
+
+
+def stop_and_check(script: str, tmp_path: Path, *, how: signal.Signals, group: bool, job_seconds: float,
+                   exit_within: float) -> None:
+    """Run ``script`` (it runs four jobs of ``job_seconds`` two at a time in ``tmp_path``), stop
+    it with ``how`` once two have started, then check that it exited within ``exit_within``
+    seconds, its workers are gone, and no job finished or started after."""
     parent = subprocess.Popen([sys.executable, "-c", script], start_new_session=True, preexec_fn=sigint_by_default,
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
@@ -56,9 +87,9 @@ def test_no_pool_worker_outlives_a_stopped_parent(tmp_path, how, group):
     else:
         parent.send_signal(how)
     parent.wait(timeout=30)
-    assert time.monotonic() - sent < JOB_SECONDS / 2  # no wait for a job to finish
+    assert time.monotonic() - sent < exit_within  # no wait for a job to finish
     while any(alive(pid) for pid in workers) and time.monotonic() < sent + 10:
         time.sleep(0.05)
     assert not any(alive(pid) for pid in workers)
-    time.sleep(max(0.0, sent + 1.5 * JOB_SECONDS - time.monotonic()))  # an orphan would have written by now
+    time.sleep(max(0.0, sent + 1.5 * job_seconds - time.monotonic()))  # an orphan would have written by now
     assert sorted(f.name for f in tmp_path.iterdir()) == ["started-0", "started-1"]
