@@ -56,7 +56,7 @@ def test_no_ray_task_outlives_a_stopped_driver(tmp_path, how, group):
     """The driver starts its own Ray instance, as ``fleet.executor: ray`` without an address
     does; the job is defined in the driver's ``__main__``, which Ray ships by value."""
     pytest.importorskip("ray")
-    seconds = 10.0  # Ray's start and shutdown take seconds
+    seconds = 10.0  # Ray's start and its shutdown on SIGINT (2 s alone) take seconds
     script = ("import os, time; from pathlib import Path; from dpaudit.config import FleetConfig; "
               "from dpaudit.fleet import _run_ray\n"
               "def job(directory, key, threads):\n"
@@ -66,7 +66,7 @@ def test_no_ray_task_outlives_a_stopped_driver(tmp_path, how, group):
               f"_run_ray(job, fleet_dir=Path({str(tmp_path)!r}), todo=[0, 1, 2, 3], num_models=4, "
               "fleet=FleetConfig(executor='ray', workers=2), trainer='dpaudit.train:nonprivate', address=None, "
               "workers=2, progress=False)")
-    stop_and_check(script, tmp_path, how=how, group=group, job_seconds=seconds, exit_within=seconds / 2)
+    stop_and_check(script, tmp_path, how=how, group=group, job_seconds=seconds, exit_within=0.8 * seconds)
 
 
 def stop_and_check(script: str, tmp_path: Path, *, how: signal.Signals, group: bool, job_seconds: float,
