@@ -217,7 +217,7 @@ def run_jobs(job: Job, *, fleet_dir: Path, todo: list[int], num_models: int, fle
     ``fleet.executor`` (see :func:`dpaudit.stages.fleet.train_fleet` for the options)."""
     if fleet.executor == "ray":
         _run_ray(job, fleet_dir=fleet_dir, todo=todo, num_models=num_models, fleet=fleet, trainer=trainer,
-                 address=fleet.address, workers=fleet.workers, progress=progress)
+                 progress=progress)
     else:
         run_local(job, directory=fleet_dir, todo=todo, total=num_models, workers=fleet.workers, progress=progress)
 
@@ -338,7 +338,8 @@ def _stop(pool) -> None:
 
 
 def _run_ray(job: Job, *, fleet_dir: Path, todo: list[int], num_models: int, fleet: FleetConfig, trainer: str,
-             address: str | None, workers: int, progress: bool):
+             progress: bool):
+    address = fleet.address
     try:
         import ray
     except ImportError:
@@ -357,7 +358,7 @@ def _run_ray(job: Job, *, fleet_dir: Path, todo: list[int], num_models: int, fle
     try:
         num_cpus = fleet.num_cpus
         if num_cpus is None:
-            num_cpus = max(1, (os.cpu_count() or 1) // workers) if started_here and not address else 1
+            num_cpus = max(1, (os.cpu_count() or 1) // fleet.workers) if started_here and not address else 1
         num_gpus = fleet.num_gpus
         threads = max(1, int(num_cpus))
         options: dict[str, Any] = {"num_cpus": num_cpus, "num_gpus": num_gpus, "max_retries": 1}

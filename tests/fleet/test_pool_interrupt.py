@@ -58,14 +58,13 @@ def test_no_ray_task_outlives_a_stopped_driver(tmp_path, how, group):
     pytest.importorskip("ray")
     seconds = 10.0  # Ray's start and its shutdown on SIGINT (2 s alone) take seconds
     script = ("import os, time; from pathlib import Path; from dpaudit.config import FleetConfig; "
-              "from dpaudit.fleet import _run_ray\n"
+              "from dpaudit.fleet import run_jobs\n"
               "def job(directory, key, threads):\n"
               "    (Path(directory) / f'started-{key}').write_text(str(os.getpid()))\n"
               f"    time.sleep({seconds})\n"
               "    (Path(directory) / f'done-{key}').write_text(str(os.getpid()))\n"
-              f"_run_ray(job, fleet_dir=Path({str(tmp_path)!r}), todo=[0, 1, 2, 3], num_models=4, "
-              "fleet=FleetConfig(executor='ray', workers=2), trainer='dpaudit.train:nonprivate', address=None, "
-              "workers=2, progress=False)")
+              f"run_jobs(job, fleet_dir=Path({str(tmp_path)!r}), todo=[0, 1, 2, 3], num_models=4, "
+              "fleet=FleetConfig(executor='ray', workers=2), trainer='dpaudit.train:nonprivate', progress=False)")
     stop_and_check(script, tmp_path, how=how, group=group, job_seconds=seconds, exit_within=0.8 * seconds)
 
 
