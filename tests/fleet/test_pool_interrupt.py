@@ -73,13 +73,16 @@ def stop_and_check(script: str, tmp_path: Path, *, how: signal.Signals, group: b
     """Run ``script`` (it runs four jobs of ``job_seconds`` two at a time in ``tmp_path``), stop
     it with ``how`` once two have started, then check that it exited within ``exit_within``
     seconds, its workers are gone, and no job finished or started after."""
+    def started() -> list[int]:  # a job's mark exists a moment before its PID is in it
+        return [int(text) for f in tmp_path.glob("started-*") if (text := f.read_text())]
+
     parent = subprocess.Popen([sys.executable, "-c", script], start_new_session=True, preexec_fn=sigint_by_default,
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
-    while len(list(tmp_path.glob("started-*"))) < 2 and parent.poll() is None and time.monotonic() < deadline:
+    while len(started()) < 2 and parent.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert parent.poll() is None and len(list(tmp_path.glob("started-*"))) == 2, parent.stderr.read()
-    workers = [int(f.read_text()) for f in tmp_path.glob("started-*")]
+    workers = started()
+    assert parent.poll() is None and len(workers) == 2, parent.stderr.read()
     sent = time.monotonic()
     if group:
         os.killpg(parent.pid, how)
